@@ -1,0 +1,180 @@
+// The spotvisor command line: argument parsing and help only; everything it
+// does lives in lib/.
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "app/engine.h"
+#include "app/status_command.h"
+#include "config/config_file.h"
+#include "config/keys.h"
+
+namespace {
+
+using spotvisor::EngineOptions;
+using spotvisor::Mode;
+
+constexpr int kExitUsage = 64;  // EX_USAGE
+
+const char* const kUsage =
+    "spotvisor: supervises a training job on a preemptible/Spot VM: starts it at boot,\n"
+    "stops it gracefully on preemption, and turns the VM off when the work is done.\n"
+    "\n"
+    "Usage:\n"
+    "  spotvisor daemon [--config FILE]      run as the systemd service\n"
+    "  spotvisor run [--config FILE] [--set KEY=VALUE]... [-- COMMAND ARGS...]\n"
+    "                                        run a job in the foreground\n"
+    "  spotvisor config [--config FILE] [--set KEY=VALUE]... [--json]\n"
+    "                                        show the resolved configuration\n"
+    "  spotvisor status [--state-dir DIR] [--config FILE] [--json]\n"
+    "                                        show the running daemon's state\n"
+    "  spotvisor version\n"
+    "\n"
+    "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
+    "and docs/configuration.md.\n";
+
+const std::map<std::string, std::string> kHelp = {
+    {"daemon",
+     "Usage: spotvisor daemon [--config FILE]\n"
+     "\n"
+     "What systemd runs. Reads the configuration from FILE (default /etc/spotvisor/spotvisor.conf),\n"
+     "then project metadata, then instance metadata (spotvisor-KEY attributes; later layers win).\n"
+     "The metadata server is required: spotvisor retries until it answers, logging why.\n"
+     "Starts the trainer unless the VM is already preempted, watches instance/preempted and\n"
+     "instance/maintenance-event, and on preemption, TERMINATE maintenance, SIGINT or SIGTERM\n"
+     "stops the trainer: SIGINT, then SIGTERM after stop-timeout, then SIGKILL after kill-timeout.\n"
+     "When the run ends it performs on-exit (default here: poweroff).\n"
+     "\n"
+     "Exit status: the trainer's (128+N if killed by signal N), 78 for a configuration error,\n"
+     "75 if the VM was preempted before the trainer started, 126/127 if it could not be started.\n"
+     "Logs: one JSON object per line on stdout (readable text on a terminal).\n"},
+    {"run",
+     "Usage: spotvisor run [--config FILE] [--set KEY=VALUE]... [-- COMMAND ARGS...]\n"
+     "\n"
+     "The same engine as `daemon`, for local use or a startup script. A command after -- overrides\n"
+     "the `command` key (exec form: no shell involved). --set overrides any key and may repeat.\n"
+     "The metadata server is used when reachable (required when GCE_METADATA_HOST is set).\n"
+     "Defaults differ from daemon mode: on-exit = none, workdir = the current directory.\n"
+     "\n"
+     "Example: spotvisor run --set stop-timeout=60s -- python train.py --epochs 10\n"},
+    {"config",
+     "Usage: spotvisor config [--config FILE] [--set KEY=VALUE]... [--json]\n"
+     "\n"
+     "Prints every key with its resolved value and where it came from (default, the file and\n"
+     "line, project metadata, instance metadata, command line). Problems go to stderr; the exit\n"
+     "status is 78 if anything is invalid, else 0.\n"},
+    {"status",
+     "Usage: spotvisor status [--state-dir DIR] [--config FILE] [--json]\n"
+     "\n"
+     "Prints the running daemon's phase, since when, the trainer's pid and the last event, from\n"
+     "STATE_DIR/status.json (state-dir from --state-dir, else the config file, else /run/spotvisor).\n"
+     "Exit status: 0 while spotvisor runs, 3 when it is not running, 4 when there is no status.\n"},
+    {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
+};
+
+struct Args {
+  std::string command;
+  EngineOptions engine;
+  bool json = false;
+  std::string state_dir;
+};
+
+int Usage(const std::string& problem) {
+  std::fprintf(stderr, "spotvisor: %s\n\n%s", problem.c_str(), kUsage);
+  return kExitUsage;
+}
+
+// Returns -1 to go on, else an exit code.
+int Parse(int argc, char** argv, Args& a) {
+  if (argc < 2) return Usage("missing command");
+  a.command = argv[1];
+  if (a.command == "--help" || a.command == "-h" || a.command == "help") {
+    if (argc > 2 && kHelp.count(argv[2])) {
+      std::fputs(kHelp.at(argv[2]).c_str(), stdout);
+    } else {
+      std::fputs(kUsage, stdout);
+    }
+    return 0;
+  }
+  if (a.command == "--version") a.command = "version";
+  if (!kHelp.count(a.command)) return Usage("unknown command \"" + a.command + "\"");
+  a.engine.mode = a.command == "daemon" ? Mode::kDaemon : a.command == "run" ? Mode::kRun : Mode::kConfig;
+  auto allowed = [&](const std::string& flag) {
+    static const std::map<std::string, std::vector<std::string>> kFlags = {
+        {"daemon", {"--config"}},
+        {"run", {"--config", "--set", "--"}},
+        {"config", {"--config", "--set", "--json"}},
+        {"status", {"--config", "--state-dir", "--json"}},
+        {"version", {}},
+    };
+    auto const& v = kFlags.at(a.command);
+    return std::find(v.begin(), v.end(), flag) != v.end();
+  };
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kHelp.at(a.command).c_str(), stdout);
+      return 0;
+    }
+    std::string value;
+    auto eq = arg.find('=');
+    std::string flag = (arg.rfind("--", 0) == 0 && eq != std::string::npos) ? arg.substr(0, eq) : arg;
+    if (!allowed(flag)) return Usage("spotvisor " + a.command + ": unknown option \"" + arg + "\"");
+    if (flag == "--") {
+      for (++i; i < argc; ++i) a.engine.command.push_back(argv[i]);
+      if (a.engine.command.empty()) return Usage("nothing after --");
+      break;
+    }
+    if (flag == "--json") {
+      a.json = true;
+      continue;
+    }
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return Usage(flag + " needs a value");
+    }
+    if (flag == "--config") {
+      a.engine.config_path = value;
+      a.engine.config_path_given = true;
+    } else if (flag == "--state-dir") {
+      a.state_dir = value;
+    } else if (flag == "--set") {
+      auto kv = spotvisor::ParseSetFlag(value);
+      if (!kv.ok()) return Usage(kv.status().message());
+      a.engine.sets.push_back(*kv);
+    }
+  }
+  return -1;
+}
+
+// status needs only state-dir: from the flag, else the file, else the default.
+std::string StateDir(const Args& a) {
+  if (!a.state_dir.empty()) return a.state_dir;
+  auto entries = spotvisor::ReadConfigFile(a.engine.config_path);
+  std::string dir = spotvisor::FindKey("state-dir")->default_value;
+  if (entries.ok()) {
+    for (auto const& e : *entries) {
+      if (e.key == "state-dir") dir = e.value;
+    }
+  }
+  return dir;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (int rc = Parse(argc, argv, a); rc >= 0) return rc;
+  if (a.command == "version") {
+    std::printf("spotvisor %s\n", SPOTVISOR_VERSION);
+    return 0;
+  }
+  if (a.command == "status") return spotvisor::PrintStatus(StateDir(a), a.json);
+  if (a.command == "config") return spotvisor::PrintConfig(a.engine, a.json);
+  return spotvisor::RunEngine(a.engine);
+}

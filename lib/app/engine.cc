@@ -1,0 +1,384 @@
+#include "app/engine.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/asio.h"
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "config/keys.h"
+#include "metadata/watcher.h"
+#include "process/spawn.h"
+#include "process/user.h"
+#include "retry/retry_loop.h"
+#include "supervisor/supervisor.h"
+
+extern char** environ;
+
+namespace spotvisor {
+namespace {
+
+namespace asio = boost::asio;
+
+StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
+  MetadataSnapshot m;
+  auto inst = client.GetAttributes("instance/attributes/");
+  if (!inst.ok()) return inst.status();
+  auto proj = client.GetAttributes("project/attributes/");
+  if (!proj.ok()) return proj.status();
+  auto name = client.Get("instance/name");
+  if (!name.ok()) return name.status();
+  m.instance_attributes = *std::move(inst);
+  m.project_attributes = *std::move(proj);
+  m.instance_name = name->value;
+  // Not every VM defines these (404); that simply means "no event".
+  for (auto [path, out, none] : {std::tuple{"instance/preempted", &m.preempted, "FALSE"},
+                                 std::tuple{"instance/maintenance-event", &m.maintenance, "NONE"}}) {
+    auto v = client.Get(path);
+    if (v.ok()) {
+      *out = *std::move(v);
+    } else if (v.status().code() == StatusCode::kNotFound) {
+      *out = MetadataValue{none, ""};
+    } else {
+      return v.status();
+    }
+  }
+  m.available = true;
+  return m;
+}
+
+std::string Hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return std::string(buf);
+}
+
+// mkdir -p; directories we create for the trainer belong to its user.
+Status MakeDirs(const std::string& path, const std::optional<UserInfo>& owner) {
+  std::error_code ec;
+  std::filesystem::path p(path);
+  std::vector<std::filesystem::path> created;
+  for (auto cur = p; !cur.empty() && !std::filesystem::exists(cur, ec); cur = cur.parent_path()) {
+    created.push_back(cur);
+    if (cur == cur.parent_path()) break;
+  }
+  std::filesystem::create_directories(p, ec);
+  if (ec) return ErrnoToStatus(ec.value(), fmt::format("cannot create \"{}\"", path));
+  if (!std::filesystem::is_directory(p, ec)) return FailedPreconditionError(fmt::format("\"{}\" is not a directory", path));
+  if (owner && geteuid() == 0) {
+    for (auto const& d : created) {
+      if (chown(d.c_str(), owner->uid, owner->gid) != 0) {
+        return ErrnoToStatus(errno, fmt::format("cannot give \"{}\" to user {}", d.string(), owner->name));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+std::vector<std::string> BaseEnv(const std::optional<UserInfo>& user) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    auto name = kv.substr(0, kv.find('='));
+    // systemd's channels are ours, not the trainer's.
+    if (name == "NOTIFY_SOCKET" || name == "WATCHDOG_PID" || name == "WATCHDOG_USEC") continue;
+    if (user && (name == "HOME" || name == "USER" || name == "LOGNAME" || name == "SHELL")) continue;
+    env.emplace_back(kv);
+  }
+  if (user) {
+    env.push_back("HOME=" + user->home);
+    env.push_back("USER=" + user->name);
+    env.push_back("LOGNAME=" + user->name);
+    if (!user->shell.empty()) env.push_back("SHELL=" + user->shell);
+  }
+  return env;
+}
+
+void SetUpLogging(Logger& logger) {
+  if (isatty(STDOUT_FILENO)) {
+    logger.AddSink(MakeTextSink(stdout));
+  } else {
+    logger.AddSink(MakeJsonSink(stdout));
+  }
+}
+
+std::string OnExitValue(const ConfigResult& r, Mode mode) {
+  auto it = r.values.find("on-exit");
+  std::string v = it == r.values.end() ? "" : it->second.value;
+  if (v == "none" || v == "poweroff") return v;
+  return mode == Mode::kDaemon ? "poweroff" : "none";
+}
+
+// A VM whose configuration is broken must not sit there billing: in daemon
+// mode the on-exit action still runs (unless on-exit itself says none).
+int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger) {
+  for (auto const& e : r.errors) logger.Error("config.error", e);
+  logger.Log(LogEvent{Severity::kError, "run.end",
+                      fmt::format("run ended: config-error ({} problem(s); see config.error above)", r.errors.size()),
+                      {{"reason", "config-error"}, {"exit_code", kExitConfigError}}});
+  if (OnExitValue(r, mode) != "poweroff") return kExitConfigError;
+  std::string cmd = r.values.count("shutdown-command") ? r.values.at("shutdown-command").value : "";
+  if (cmd.empty()) cmd = FindKey("shutdown-command")->default_value;
+  logger.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd), {{"command", cmd}}});
+  auto p = Spawn(SpawnOptions{{"/bin/sh", "-c", cmd}, BaseEnv(std::nullopt), "", std::nullopt, false});
+  if (!p.ok()) {
+    logger.Error("shutdown.failed", p.status().message());
+    return kExitConfigError;
+  }
+  int status = 0;
+  while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  logger.Log(LogEvent{code == 0 ? Severity::kInfo : Severity::kError, "shutdown.done",
+                      fmt::format("shutdown command exited with code {}", code), {{"exit_code", code}}});
+  return kExitConfigError;
+}
+
+bool MetadataRequired(Mode mode) {
+  const char* host = std::getenv("GCE_METADATA_HOST");
+  return mode == Mode::kDaemon || (host != nullptr && *host != '\0');
+}
+
+std::unique_ptr<MetadataClient> NewMetadataClient(Mode mode) {
+  auto endpoint = MetadataEndpointFromEnv();
+  // Off GCE, 169.254.169.254 usually swallows packets: do not hang there.
+  if (!MetadataRequired(mode)) endpoint.connect_timeout = std::chrono::milliseconds(1000);
+  return MakeMetadataClient(endpoint, MakeCurlHttpClient());
+}
+
+}  // namespace
+
+StatusOr<MetadataSnapshot> LoadMetadata(MetadataClient& client, bool required, Logger& logger, Sleeper& sleeper) {
+  if (!required) {
+    auto m = FetchOnce(client);
+    if (!m.ok() && !IsPermanentFailure(m.status())) {
+      logger.Info("metadata.absent", fmt::format("no metadata server ({}); running without metadata: "
+                                                 "no metadata config, no preemption watch", m.status().message()));
+      return MetadataSnapshot{};
+    }
+    return m;
+  }
+  RetryForeverPolicy retry;
+  ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(30), 2.0);
+  int failures = 0;
+  auto result = RetryLoop(retry, backoff, sleeper, [&] { return FetchOnce(client); },
+                          [&](const Status& s, int attempt, std::chrono::milliseconds) {
+                            failures = attempt;
+                            if (attempt == 1) {
+                              logger.Warn("metadata.unavailable",
+                                          fmt::format("waiting for the metadata server: {}; retrying with backoff", s.message()),
+                                          {{"error", s.message()}});
+                            }
+                          });
+  if (result.ok() && failures > 0) {
+    logger.Info("metadata.recovered", fmt::format("metadata server answered after {} failed attempt(s)", failures),
+                {{"failed_attempts", failures}});
+  }
+  return result;
+}
+
+ConfigResult LoadConfig(const EngineOptions& o, const MetadataSnapshot& metadata) {
+  ConfigInputs in;
+  in.file_path = o.config_path;
+  in.project_attributes = metadata.project_attributes;
+  in.instance_attributes = metadata.instance_attributes;
+  in.cli_sets = o.sets;
+  in.cli_command = o.command;
+  in.dynamic_defaults = {
+      {"user", CurrentUserName()},
+      {"run-id", metadata.instance_name.empty() ? Hostname() : metadata.instance_name},
+      {"on-exit", o.mode == Mode::kDaemon ? "poweroff" : "none"},
+  };
+  if (o.mode != Mode::kDaemon) {
+    std::error_code ec;
+    in.dynamic_defaults["workdir"] = std::filesystem::current_path(ec).string();
+  }
+  std::vector<std::string> file_errors;
+  auto entries = ReadConfigFile(o.config_path);
+  if (entries.ok()) {
+    in.file_entries = *std::move(entries);
+  } else if (o.config_path_given || entries.status().code() != StatusCode::kNotFound) {
+    file_errors.push_back(entries.status().message());
+  }
+  auto r = ResolveConfig(in);
+  r.errors.insert(r.errors.begin(), file_errors.begin(), file_errors.end());
+  if (!file_errors.empty()) r.config.reset();
+  return r;
+}
+
+void PrepareHost(ConfigResult& r, Mode mode) {
+  if (!r.config) return;
+  Config& c = *r.config;
+  auto origin = [&](const char* key) { return r.values.at(key).origin; };
+  auto user = LookupUser(c.user);
+  if (!user.ok()) {
+    r.errors.push_back(fmt::format("{}: {}", origin("user"), user.status().message()));
+  } else if (geteuid() != 0 && user->uid != geteuid()) {
+    r.errors.push_back(fmt::format("{}: cannot run the trainer as {}: spotvisor runs as {}, not root", origin("user"),
+                                   c.user, CurrentUserName()));
+  }
+  std::optional<UserInfo> owner;
+  if (user.ok()) owner = *user;
+  if (user.ok() && c.workdir.empty()) c.workdir = user->home;
+  if (mode != Mode::kConfig) {
+    for (auto [key, dir, own] : {std::tuple{"workdir", &c.workdir, true}, std::tuple{"checkpoint-dir", &c.checkpoint_dir, true},
+                                 std::tuple{"state-dir", &c.state_dir, false}}) {
+      if (dir->empty()) continue;
+      auto s = MakeDirs(*dir, own ? owner : std::nullopt);
+      if (!s.ok()) r.errors.push_back(fmt::format("{}: {}", origin(key), s.message()));
+    }
+  }
+  if (!r.errors.empty()) r.config.reset();
+}
+
+int RunEngine(const EngineOptions& options) {
+  SystemClock clock;
+  Logger logger(clock);
+  SetUpLogging(logger);
+  asio::io_context io;
+  // Installed first and kept to the end, so no SIGTERM ever meets a default
+  // handler: during bootstrap it cancels the wait for metadata.
+  asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
+
+  CancellableSleeper sleeper;
+  auto metadata_client = NewMetadataClient(options.mode);
+  std::optional<StatusOr<MetadataSnapshot>> loaded;
+  int stop_signal = 0;
+  std::thread bootstrap([&] {
+    auto m = LoadMetadata(*metadata_client, MetadataRequired(options.mode), logger, sleeper);
+    asio::post(io, [&, m = std::move(m)]() mutable {
+      loaded = std::move(m);
+      signals.cancel();
+    });
+  });
+  std::function<void(boost::system::error_code, int)> on_signal = [&](boost::system::error_code ec, int signo) {
+    if (ec) return;
+    if (signo == SIGCHLD) {
+      signals.async_wait(on_signal);
+      return;
+    }
+    stop_signal = signo;
+    sleeper.Cancel();
+    metadata_client->Cancel();
+  };
+  signals.async_wait(on_signal);
+  io.run();
+  bootstrap.join();
+  io.restart();
+
+  if (stop_signal != 0) {
+    logger.Log(LogEvent{Severity::kWarning, "run.end", fmt::format("run ended: stopped by signal {} while starting", stop_signal),
+                        {{"reason", "stopped"}, {"exit_code", 128 + stop_signal}}});
+    return 128 + stop_signal;
+  }
+  if (!loaded->ok()) {
+    logger.Error("metadata.error", loaded->status().message());
+    ConfigResult r;
+    r.errors.push_back("metadata server: " + loaded->status().message());
+    return EndWithConfigError(r, options.mode, logger);
+  }
+  MetadataSnapshot metadata = **std::move(loaded);
+  auto result = LoadConfig(options, metadata);
+  PrepareHost(result, options.mode);
+  for (auto const& w : result.warnings) logger.Warn("config.warning", w);
+  if (!result.config) return EndWithConfigError(result, options.mode, logger);
+  Config config = *result.config;
+  logger.SetLabel("run_id", config.run_id);
+  if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
+
+  SupervisorOptions so;
+  so.config = config;
+  so.mode = options.mode == Mode::kDaemon ? "daemon" : "run";
+  so.already_preempted = metadata.preempted.value == "TRUE";
+  so.maintenance_terminate = metadata.maintenance.value == "TERMINATE_ON_HOST_MAINTENANCE";
+  if (auto u = LookupUser(config.user); u.ok() && u->uid != geteuid()) so.user = *u;
+  so.base_env = BaseEnv(so.user);
+  Supervisor supervisor(io, clock, logger, std::move(so), signals);
+
+  std::vector<std::unique_ptr<MetadataWatcher>> watchers;
+  if (metadata.available) {
+    auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change) {
+      WatcherOptions wo;
+      wo.timeout_sec = std::chrono::duration_cast<std::chrono::seconds>(config.metadata_watch_timeout);
+      wo.backoff = std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0);
+      WatcherCallbacks cb;
+      cb.on_change = std::move(on_change);
+      std::string p = path;
+      cb.on_failing = [&logger, p](const Status& s) {
+        logger.Warn("metadata.unavailable", fmt::format("watching {}: {}; retrying with backoff", p, s.message()),
+                    {{"path", p}, {"error", s.message()}});
+      };
+      cb.on_recovered = [&logger, p](int n) {
+        logger.Info("metadata.recovered", fmt::format("watching {} again after {} failed attempt(s)", p, n),
+                    {{"path", p}, {"failed_attempts", n}});
+      };
+      watchers.push_back(std::make_unique<MetadataWatcher>(NewMetadataClient(options.mode), path, std::move(initial),
+                                                           std::move(wo), std::move(cb)));
+    };
+    watch("instance/preempted", metadata.preempted, [&](const std::string& v) {
+      if (v == "TRUE") supervisor.NotifyPreempted();
+    });
+    watch("instance/maintenance-event", metadata.maintenance,
+          [&](const std::string& v) { supervisor.NotifyMaintenance(v); });
+  }
+  supervisor.Start();
+  for (auto& w : watchers) w->Start();
+  io.run();
+  for (auto& w : watchers) w->Stop();
+  return supervisor.exit_code();
+}
+
+}  // namespace spotvisor
+
+namespace spotvisor {
+
+int PrintConfig(const EngineOptions& options, bool json) {
+  SystemClock clock;
+  Logger logger(clock);
+  // Progress notes go to stderr so stdout stays the configuration alone.
+  logger.AddSink(isatty(STDERR_FILENO) ? MakeTextSink(stderr) : MakeJsonSink(stderr));
+  CancellableSleeper sleeper;
+  auto client = NewMetadataClient(Mode::kConfig);
+  auto metadata = LoadMetadata(*client, false, logger, sleeper);
+  MetadataSnapshot snapshot;
+  std::vector<std::string> extra_errors;
+  if (metadata.ok()) {
+    snapshot = *std::move(metadata);
+  } else {
+    extra_errors.push_back("metadata server: " + metadata.status().message());
+  }
+  auto r = LoadConfig(options, snapshot);
+  PrepareHost(r, Mode::kConfig);
+  r.errors.insert(r.errors.end(), extra_errors.begin(), extra_errors.end());
+  if (json) {
+    nlohmann::json j = {{"keys", nlohmann::json::object()}, {"errors", r.errors}, {"warnings", r.warnings}};
+    for (auto const& k : AllKeys()) {
+      auto const& v = r.values.at(k.name);
+      j["keys"][k.name] = {{"value", v.value}, {"source", ConfigSourceName(v.source)}, {"origin", v.origin}};
+    }
+    std::puts(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::size_t width = 0;
+    for (auto const& k : AllKeys()) width = std::max(width, k.name.size());
+    for (auto const& k : AllKeys()) {
+      auto const& v = r.values.at(k.name);
+      // Multi-line values (env) are shown escaped, one key per line.
+      std::string shown = nlohmann::json(v.value).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::printf("%-*s = %-40s  # %s\n", static_cast<int>(width), k.name.c_str(), shown.c_str(),
+                  v.source == ConfigSource::kDefault ? "default" : v.origin.c_str());
+    }
+    if (!snapshot.available) std::printf("# metadata server not reachable: metadata layers empty\n");
+    for (auto const& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    for (auto const& e : r.errors) std::fprintf(stderr, "error: %s\n", e.c_str());
+  }
+  return r.errors.empty() ? 0 : kExitConfigError;
+}
+
+}  // namespace spotvisor

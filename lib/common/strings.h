@@ -1,0 +1,17 @@
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace spotvisor {
+
+std::string_view Trim(std::string_view s);
+std::vector<std::string> SplitLines(std::string_view s);
+bool StartsWith(std::string_view s, std::string_view prefix);
+// Edit distance, for did-you-mean suggestions on misspelt keys.
+std::size_t EditDistance(std::string_view a, std::string_view b);
+// The closest candidate within a small distance, or "" when none is close.
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+
+}  // namespace spotvisor

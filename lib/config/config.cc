@@ -1,0 +1,261 @@
+#include "config/config.h"
+
+#include <regex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/duration.h"
+#include "common/strings.h"
+#include "config/keys.h"
+
+namespace spotvisor {
+namespace {
+
+bool IsEnvName(std::string_view s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+std::string DidYouMean(const std::string& key) {
+  auto m = ClosestMatch(key, AllKeyNames());
+  return m.empty() ? std::string() : fmt::format(" (did you mean {}?)", m);
+}
+
+// Collects values layer by layer, later layers winning.
+class Layers {
+ public:
+  explicit Layers(ConfigResult& r) : r_(r) {}
+
+  void Set(const std::string& key, std::string value, ConfigSource source, std::string origin) {
+    r_.values[key] = ConfigValue{std::move(value), source, std::move(origin)};
+  }
+
+  void AddMetadata(const std::map<std::string, std::string>& attrs, ConfigSource source, const char* what) {
+    for (auto const& [name, value] : attrs) {
+      if (!StartsWith(name, kMetadataPrefix)) continue;  // ssh-keys, startup-script, ...
+      auto key = name.substr(std::string_view(kMetadataPrefix).size());
+      if (FindKey(key) == nullptr) {
+        auto hint = ClosestMatch(key, AllKeyNames());
+        r_.warnings.push_back(fmt::format("{} {}: unknown spotvisor attribute, ignored{}", what, name,
+                                          hint.empty() ? "" : fmt::format(" (did you mean {}{}?)", kMetadataPrefix, hint)));
+        continue;
+      }
+      Set(key, value, source, fmt::format("{} {}", what, name));
+    }
+  }
+
+ private:
+  ConfigResult& r_;
+};
+
+class Resolver {
+ public:
+  explicit Resolver(ConfigResult& r) : r_(r) {}
+
+  const ConfigValue& Get(const std::string& key) { return r_.values.at(key); }
+
+  void Error(const std::string& key, const std::string& problem) {
+    r_.errors.push_back(fmt::format("{}: {}", Get(key).origin, problem));
+  }
+
+  std::chrono::milliseconds Duration(const std::string& key, std::chrono::milliseconds fallback) {
+    auto d = ParseDuration(Trim(Get(key).value));
+    if (!d.ok()) {
+      Error(key, d.status().message());
+      return fallback;
+    }
+    return *d;
+  }
+
+  void Command(Config& c) {
+    auto const& v = Get("command");
+    auto text = Trim(v.value);
+    c.command = std::string(text);
+    if (text.empty()) {
+      r_.errors.push_back(
+          "command: no command to run; set the spotvisor-command instance metadata attribute "
+          "(or `command` in the config file, or give one after --)");
+      return;
+    }
+    if (text.front() != '[') {
+      c.argv = {"/bin/sh", "-c", std::string(text)};
+      return;
+    }
+    c.exec_form = true;
+    auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!json.is_array() || json.empty() ||
+        !std::all_of(json.begin(), json.end(), [](auto const& e) { return e.is_string(); })) {
+      Error("command", fmt::format("\"{}\" is not a JSON array of strings (exec form, like [\"python\", \"train.py\"]); "
+                                   "without the leading [ it would run through /bin/sh -c",
+                                   text));
+      return;
+    }
+    for (auto const& e : json) c.argv.push_back(e.get<std::string>());
+    if (c.argv[0].empty()) Error("command", "the program name (first element) is empty");
+  }
+
+  void Env(Config& c) {
+    int n = 0;
+    for (auto const& raw : SplitLines(Get("env").value)) {
+      ++n;
+      auto line = Trim(raw);
+      if (line.empty() || line.front() == '#') continue;
+      auto eq = line.find('=');
+      if (eq == std::string_view::npos || !IsEnvName(line.substr(0, eq))) {
+        Error("env", fmt::format("line {} \"{}\" is not NAME=value (one per line, NAME of letters, digits and _)", n, line));
+        continue;
+      }
+      c.env.emplace_back(std::string(line.substr(0, eq)), std::string(line.substr(eq + 1)));
+    }
+  }
+
+  // ${NAME} in exec form is expanded by us from `env` and spotvisor's own
+  // variables; in shell form the shell expands it from the same environment
+  // (and quotes it properly), so we leave it alone.
+  void ExpandExecForm(Config& c) {
+    if (!c.exec_form) return;
+    std::map<std::string, std::string> vars(c.env.begin(), c.env.end());
+    for (auto const& [k, v] : SpotvisorEnv(c)) vars[k] = v;
+    static const std::regex kRef(R"(\$\{([A-Za-z_][A-Za-z0-9_]*)\})");
+    for (auto& arg : c.argv) {
+      std::string out;
+      auto begin = std::sregex_iterator(arg.begin(), arg.end(), kRef);
+      std::size_t last = 0;
+      for (auto it = begin; it != std::sregex_iterator(); ++it) {
+        auto const& m = *it;
+        out += arg.substr(last, m.position() - last);
+        auto found = vars.find(m[1].str());
+        if (found == vars.end()) {
+          Error("command", fmt::format("${{{}}} is not defined in env (exec form expands only env and SPOTVISOR_* variables)", m[1].str()));
+          out += m.str();
+        } else {
+          out += found->second;
+        }
+        last = m.position() + m.length();
+      }
+      arg = out + arg.substr(last);
+    }
+  }
+
+  void Path(const std::string& key, std::string& out, bool may_be_empty) {
+    out = std::string(Trim(Get(key).value));
+    if (out.empty() && may_be_empty) return;
+    if (out.empty() || out.front() != '/') {
+      Error(key, fmt::format("\"{}\" is not an absolute path", out));
+    }
+  }
+
+  void RunId(Config& c) {
+    c.run_id = std::string(Trim(Get("run-id").value));
+    static const std::regex kOk(R"([A-Za-z0-9][A-Za-z0-9._-]{0,127})");
+    if (!std::regex_match(c.run_id, kOk)) {
+      Error("run-id", fmt::format("\"{}\" is not a valid run id (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", c.run_id));
+    }
+  }
+
+  void OnExitKey(Config& c) {
+    auto v = Trim(Get("on-exit").value);
+    if (v == "poweroff") {
+      c.on_exit = OnExit::kPoweroff;
+    } else if (v == "none") {
+      c.on_exit = OnExit::kNone;
+    } else {
+      Error("on-exit", fmt::format("\"{}\" is not one of: poweroff, none", v));
+    }
+  }
+
+ private:
+  ConfigResult& r_;
+};
+
+}  // namespace
+
+const char* ConfigSourceName(ConfigSource s) {
+  switch (s) {
+    case ConfigSource::kDefault: return "default";
+    case ConfigSource::kFile: return "file";
+    case ConfigSource::kProjectMetadata: return "project metadata";
+    case ConfigSource::kInstanceMetadata: return "instance metadata";
+    case ConfigSource::kCommandLine: return "command line";
+  }
+  return "?";
+}
+
+ConfigResult ResolveConfig(const ConfigInputs& in) {
+  ConfigResult r;
+  Layers layers(r);
+  for (auto const& k : AllKeys()) {
+    auto dyn = in.dynamic_defaults.find(k.name);
+    layers.Set(k.name, dyn != in.dynamic_defaults.end() ? dyn->second : k.default_value,
+               ConfigSource::kDefault, "default " + k.name);
+  }
+  for (auto const& e : in.file_entries) {
+    if (FindKey(e.key) == nullptr) {
+      r.warnings.push_back(fmt::format("{}:{}: unknown key \"{}\", ignored{}", in.file_path, e.line, e.key, DidYouMean(e.key)));
+      continue;
+    }
+    layers.Set(e.key, e.value, ConfigSource::kFile, fmt::format("{}:{} {}", in.file_path, e.line, e.key));
+  }
+  layers.AddMetadata(in.project_attributes, ConfigSource::kProjectMetadata, "project metadata");
+  layers.AddMetadata(in.instance_attributes, ConfigSource::kInstanceMetadata, "instance metadata");
+  for (auto const& [key, value] : in.cli_sets) {
+    if (FindKey(key) == nullptr) {
+      r.errors.push_back(fmt::format("--set {}: unknown key{}", key, DidYouMean(key)));
+      continue;
+    }
+    layers.Set(key, value, ConfigSource::kCommandLine, "--set " + key);
+  }
+  if (!in.cli_command.empty()) {
+    layers.Set("command", nlohmann::json(in.cli_command).dump(), ConfigSource::kCommandLine,
+               "command line (after --)");
+  }
+
+  Config c;
+  Resolver res(r);
+  res.Command(c);
+  res.Env(c);
+  c.user = std::string(Trim(res.Get("user").value));
+  if (c.user.empty()) r.errors.push_back(res.Get("user").origin + ": the user name is empty");
+  res.Path("workdir", c.workdir, /*may_be_empty=*/true);
+  res.Path("checkpoint-dir", c.checkpoint_dir, false);
+  res.Path("state-dir", c.state_dir, false);
+  res.RunId(c);
+  c.stop_timeout = res.Duration("stop-timeout", c.stop_timeout);
+  c.kill_timeout = res.Duration("kill-timeout", c.kill_timeout);
+  c.progress_interval = res.Duration("progress-interval", c.progress_interval);
+  c.metadata_watch_timeout = res.Duration("metadata-watch-timeout", c.metadata_watch_timeout);
+  if (c.metadata_watch_timeout < std::chrono::seconds(1)) {
+    res.Error("metadata-watch-timeout", "must be at least 1s (the metadata server counts whole seconds)");
+  }
+  res.OnExitKey(c);
+  c.shutdown_command = std::string(Trim(res.Get("shutdown-command").value));
+  if (c.on_exit == OnExit::kPoweroff && c.shutdown_command.empty()) {
+    res.Error("shutdown-command", "is empty, but on-exit is poweroff");
+  }
+  if (r.errors.empty()) res.ExpandExecForm(c);
+  if (r.errors.empty()) r.config = std::move(c);
+  return r;
+}
+
+StatusOr<std::pair<std::string, std::string>> ParseSetFlag(const std::string& arg) {
+  auto eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidArgumentError(fmt::format("--set {}: expected KEY=VALUE", arg));
+  }
+  return std::make_pair(arg.substr(0, eq), arg.substr(eq + 1));
+}
+
+std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c) {
+  return {
+      {"SPOTVISOR_RUN_ID", c.run_id},
+      {"SPOTVISOR_CHECKPOINT_DIR", c.checkpoint_dir},
+      // Vertex AI's name for the same thing, so trainers written for it work.
+      {"AIP_CHECKPOINT_DIR", c.checkpoint_dir},
+  };
+}
+
+}  // namespace spotvisor

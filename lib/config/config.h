@@ -1,0 +1,75 @@
+// One typed configuration, resolved once from four layers (defaults < file <
+// project metadata < instance metadata < command line), remembering where
+// every value came from so `spotvisor config` can show it and errors can
+// name it.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config_file.h"
+
+namespace spotvisor {
+
+enum class ConfigSource { kDefault, kFile, kProjectMetadata, kInstanceMetadata, kCommandLine };
+const char* ConfigSourceName(ConfigSource s);
+
+enum class OnExit { kPoweroff, kNone };
+
+struct ConfigValue {
+  std::string value;
+  ConfigSource source = ConfigSource::kDefault;
+  // Where it was set, as errors should name it:
+  // "instance metadata spotvisor-stop-timeout", "/etc/spotvisor/spotvisor.conf:12 stop-timeout".
+  std::string origin;
+};
+
+struct ConfigInputs {
+  std::string file_path;                        // for messages
+  std::vector<FileEntry> file_entries;
+  std::map<std::string, std::string> project_attributes;  // all custom metadata
+  std::map<std::string, std::string> instance_attributes;
+  std::vector<std::pair<std::string, std::string>> cli_sets;  // --set KEY=VALUE
+  std::vector<std::string> cli_command;         // after --
+  // Defaults that depend on the machine or the mode: user, run-id, on-exit, workdir.
+  std::map<std::string, std::string> dynamic_defaults;
+};
+
+struct Config {
+  std::vector<std::string> argv;  // what is exec'ed
+  std::string command;            // as the user wrote it, for logs
+  bool exec_form = false;
+  std::string user;
+  std::string workdir;  // empty: the user's home directory
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string checkpoint_dir;
+  std::string run_id;
+  std::string state_dir;
+  std::chrono::milliseconds stop_timeout{20'000};
+  std::chrono::milliseconds kill_timeout{5'000};
+  std::chrono::milliseconds progress_interval{5'000};
+  std::chrono::milliseconds metadata_watch_timeout{60'000};
+  OnExit on_exit = OnExit::kNone;
+  std::string shutdown_command;
+};
+
+struct ConfigResult {
+  std::map<std::string, ConfigValue> values;  // the merged layers, every known key
+  std::vector<std::string> errors;            // each names source, key and problem
+  std::vector<std::string> warnings;
+  std::optional<Config> config;               // set when errors is empty
+};
+
+ConfigResult ResolveConfig(const ConfigInputs& inputs);
+
+// "KEY=value" for --set; the error says what was wrong.
+StatusOr<std::pair<std::string, std::string>> ParseSetFlag(const std::string& arg);
+
+// The environment variables spotvisor gives every trainer, on top of `env`.
+std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c);
+
+}  // namespace spotvisor

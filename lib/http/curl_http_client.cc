@@ -1,0 +1,143 @@
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+#include "http/http_client.h"
+
+namespace spotvisor {
+namespace {
+
+void GlobalInitOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+using EasyPtr = std::unique_ptr<CURL, decltype(&curl_easy_cleanup)>;
+using MultiPtr = std::unique_ptr<CURLM, decltype(&curl_multi_cleanup)>;
+using SlistPtr = std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)>;
+
+std::size_t OnBody(char* data, std::size_t size, std::size_t n, void* user) {
+  static_cast<HttpResponse*>(user)->body.append(data, size * n);
+  return size * n;
+}
+
+std::size_t OnHeader(char* data, std::size_t size, std::size_t n, void* user) {
+  std::string_view line(data, size * n);
+  auto colon = line.find(':');
+  if (colon != std::string_view::npos) {
+    std::string name(Trim(line.substr(0, colon)));
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    static_cast<HttpResponse*>(user)->headers[name] = std::string(Trim(line.substr(colon + 1)));
+  } else if (StartsWith(line, "HTTP/")) {
+    // A new status line (after a redirect or 100-continue) starts afresh.
+    static_cast<HttpResponse*>(user)->headers.clear();
+  }
+  return size * n;
+}
+
+Status FromCurl(CURLcode code, const std::string& url, const char* detail) {
+  std::string msg = fmt::format("{} {}: {}", url, curl_easy_strerror(code),
+                                (detail && *detail) ? detail : "");
+  switch (code) {
+    case CURLE_OPERATION_TIMEDOUT: return DeadlineExceededError(std::move(msg));
+    case CURLE_URL_MALFORMAT:
+    case CURLE_UNSUPPORTED_PROTOCOL: return InvalidArgumentError(std::move(msg));
+    default: return UnavailableError(std::move(msg));
+  }
+}
+
+class CurlHttpClient final : public HttpClient {
+ public:
+  CurlHttpClient() : easy_(curl_easy_init(), &curl_easy_cleanup), multi_(curl_multi_init(), &curl_multi_cleanup) {}
+
+  StatusOr<HttpResponse> Perform(const HttpRequest& request) override {
+    if (cancelled_.load()) return CancelledError(request.url + ": cancelled");
+    if (!easy_ || !multi_) return InternalError("curl handles could not be created");
+    CURL* h = easy_.get();
+    curl_easy_reset(h);
+    HttpResponse response;
+    SlistPtr headers(nullptr, &curl_slist_free_all);
+    for (auto const& [k, v] : request.headers) {
+      headers.reset(curl_slist_append(headers.release(), (k + ": " + v).c_str()));
+    }
+    // "Expect: 100-continue" would add a round trip to every upload.
+    headers.reset(curl_slist_append(headers.release(), "Expect:"));
+    char error[CURL_ERROR_SIZE] = {0};
+    curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+    if (request.method == "HEAD") curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    if (!request.body.empty() || request.method == "POST" || request.method == "PUT") {
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &response);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &response);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(request.timeout.count()));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(request.connect_timeout.count()));
+    // The metadata server must never be reached through a proxy.
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+
+    curl_multi_add_handle(multi_.get(), h);
+    CURLcode result = CURLE_OK;
+    bool done = false;
+    while (!done) {
+      int running = 0;
+      if (curl_multi_perform(multi_.get(), &running) != CURLM_OK) {
+        result = CURLE_FAILED_INIT;
+        break;
+      }
+      int queued = 0;
+      while (CURLMsg* m = curl_multi_info_read(multi_.get(), &queued)) {
+        if (m->msg == CURLMSG_DONE) {
+          result = m->data.result;
+          done = true;
+        }
+      }
+      if (done) break;
+      if (cancelled_.load()) {
+        curl_multi_remove_handle(multi_.get(), h);
+        return CancelledError(request.url + ": cancelled");
+      }
+      curl_multi_poll(multi_.get(), nullptr, 0, 1000, nullptr);
+    }
+    curl_multi_remove_handle(multi_.get(), h);
+    if (result != CURLE_OK) return FromCurl(result, request.url, error);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &response.status);
+    return response;
+  }
+
+  void Cancel() override {
+    cancelled_.store(true);
+    if (multi_) curl_multi_wakeup(multi_.get());
+  }
+
+ private:
+  EasyPtr easy_;
+  MultiPtr multi_;
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace
+
+std::string HttpResponse::Header(const std::string& lower_name) const {
+  auto it = headers.find(lower_name);
+  return it == headers.end() ? std::string() : it->second;
+}
+
+std::unique_ptr<HttpClient> MakeCurlHttpClient() {
+  GlobalInitOnce();
+  return std::make_unique<CurlHttpClient>();
+}
+
+}  // namespace spotvisor

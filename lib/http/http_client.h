@@ -1,0 +1,48 @@
+// A thin RAII wrapper over libcurl for blocking requests made off the event
+// loop. Each instance owns one easy handle inside one multi handle, so a
+// request can be cut short from another thread (Cancel) without waiting for
+// its timeout: a 70 s metadata long-poll must not delay shutdown.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spotvisor {
+
+struct HttpRequest {
+  std::string method = "GET";
+  std::string url;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::chrono::milliseconds timeout{30'000};
+  std::chrono::milliseconds connect_timeout{5'000};
+};
+
+struct HttpResponse {
+  long status = 0;
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+
+  std::string Header(const std::string& lower_name) const;
+};
+
+class HttpClient {
+ public:
+  virtual ~HttpClient() = default;
+  // Transport failures are Status (kUnavailable, kDeadlineExceeded,
+  // kCancelled); any HTTP status, even 500, is a response.
+  virtual StatusOr<HttpResponse> Perform(const HttpRequest& request) = 0;
+  // Thread-safe: aborts the current request and every later one.
+  virtual void Cancel() = 0;
+};
+
+std::unique_ptr<HttpClient> MakeCurlHttpClient();
+
+}  // namespace spotvisor

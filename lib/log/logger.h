@@ -1,0 +1,70 @@
+// Structured events: every line spotvisor prints is one event with a stable
+// name. On a pipe (journald under systemd) each is a JSON object in Cloud
+// Logging's structured format; on a terminal, readable text.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+
+namespace spotvisor {
+
+enum class Severity { kDebug, kInfo, kNotice, kWarning, kError, kCritical };
+const char* SeverityName(Severity s);
+
+struct LogEvent {
+  Severity severity = Severity::kInfo;
+  std::string event;  // stable name, e.g. "trainer.exit"; docs/architecture.md lists them
+  std::string message;
+  nlohmann::json fields = nlohmann::json::object();
+};
+
+class LogSink {
+ public:
+  virtual ~LogSink() = default;
+  virtual void Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) = 0;
+};
+
+// One JSON object per line: severity (both the plain and the
+// logging.googleapis.com/ spelling, so every agent path reads it), message,
+// time (RFC 3339, UTC, nanoseconds), event, labels, then the event's fields.
+std::unique_ptr<LogSink> MakeJsonSink(std::FILE* out);
+// "10:04:05.123 INFO  trainer.start  message  key=value ..."
+std::unique_ptr<LogSink> MakeTextSink(std::FILE* out);
+
+std::string FormatRfc3339(WallTime t);
+
+class Logger {
+ public:
+  explicit Logger(const Clock& clock) : clock_(clock) {}
+
+  void AddSink(std::unique_ptr<LogSink> sink);
+  void SetLabel(const std::string& key, const std::string& value);
+  // Thread-safe; invalid UTF-8 in message or fields is replaced, never thrown.
+  void Log(LogEvent e);
+
+  void Info(std::string event, std::string message, nlohmann::json fields = nlohmann::json::object()) {
+    Log({Severity::kInfo, std::move(event), std::move(message), std::move(fields)});
+  }
+  void Warn(std::string event, std::string message, nlohmann::json fields = nlohmann::json::object()) {
+    Log({Severity::kWarning, std::move(event), std::move(message), std::move(fields)});
+  }
+  void Error(std::string event, std::string message, nlohmann::json fields = nlohmann::json::object()) {
+    Log({Severity::kError, std::move(event), std::move(message), std::move(fields)});
+  }
+
+ private:
+  const Clock& clock_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<LogSink>> sinks_;
+  std::map<std::string, std::string> labels_;
+};
+
+}  // namespace spotvisor

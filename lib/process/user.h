@@ -1,0 +1,24 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spotvisor {
+
+struct UserInfo {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string home;
+  std::string shell;
+  std::vector<gid_t> groups;  // supplementary groups, resolved before fork
+};
+
+StatusOr<UserInfo> LookupUser(const std::string& name);
+std::string CurrentUserName();
+
+}  // namespace spotvisor

@@ -1,0 +1,252 @@
+#include "supervisor/state_machine.h"
+
+#include <csignal>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/duration.h"
+
+namespace spotvisor {
+namespace {
+
+// EX_TEMPFAIL: nothing failed, but nothing ran; try again on a new VM.
+constexpr int kExitPreemptedBeforeStart = 75;
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGKILL: return "SIGKILL";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    default: return fmt::format("signal {}", sig);
+  }
+}
+
+double Seconds(SteadyTime::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kStarting: return "starting";
+    case Phase::kRunning: return "running";
+    case Phase::kStopping: return "stopping";
+    case Phase::kDraining: return "draining";
+    case Phase::kFinishing: return "finishing";
+    case Phase::kDone: return "done";
+  }
+  return "?";
+}
+
+const char* EndReasonName(EndReason r) {
+  switch (r) {
+    case EndReason::kCompleted: return "completed";
+    case EndReason::kFailed: return "failed";
+    case EndReason::kPreempted: return "preempted";
+    case EndReason::kMaintenance: return "maintenance";
+    case EndReason::kStopped: return "stopped";
+  }
+  return "?";
+}
+
+void StateMachine::Log(Severity s, const char* event, std::string message, nlohmann::json fields) {
+  if (emit_) emit_(LogEvent{s, event, std::move(message), std::move(fields)});
+}
+
+void StateMachine::EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline,
+                              const std::string& why) {
+  Phase from = phase_;
+  phase_ = p;
+  deadline_ = deadline ? std::optional<SteadyTime>(now + *deadline) : std::nullopt;
+  nlohmann::json f = {{"from", PhaseName(from)}, {"to", PhaseName(p)}, {"why", why}};
+  if (deadline) f["deadline_s"] = std::chrono::duration<double>(*deadline).count();
+  Log(Severity::kInfo, "supervisor.state", fmt::format("{} -> {}: {}", PhaseName(from), PhaseName(p), why), f);
+}
+
+std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
+  std::vector<Action> out;
+  if (phase_ == Phase::kDone) return out;
+  std::visit(
+      Overloaded{
+          [&](const StartEvent& e) {
+            if (phase_ != Phase::kStarting) return;
+            started_ = now;
+            if (e.already_preempted || e.maintenance_terminate) {
+              reason_ = e.already_preempted ? EndReason::kPreempted : EndReason::kMaintenance;
+              exit_code_ = kExitPreemptedBeforeStart;
+              Log(Severity::kWarning, e.already_preempted ? "preemption.detected" : "maintenance.detected",
+                  e.already_preempted ? "instance/preempted is already TRUE: not starting the trainer"
+                                      : "maintenance-event is TERMINATE_ON_HOST_MAINTENANCE: not starting the trainer",
+                  {{"when", "startup"}});
+              Finish(now, out);
+              return;
+            }
+            out.push_back(SpawnTrainer{});
+          },
+          [&](const TrainerSpawned& e) {
+            if (phase_ != Phase::kStarting) return;
+            trainer_pid_ = e.pid;
+            trainer_started_ = now;
+            trainer_ran_ = true;
+            EnterPhase(Phase::kRunning, now, std::nullopt, fmt::format("trainer started as pid {}", e.pid));
+          },
+          [&](const TrainerSpawnFailed& e) {
+            if (phase_ != Phase::kStarting) return;
+            reason_ = EndReason::kFailed;
+            exit_code_ = e.exit_code;
+            Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
+            Finish(now, out);
+          },
+          [&](const TrainerExited& e) { OnTrainerExited(e, now, out); },
+          [&](const PreemptionNotice&) {
+            Log(Severity::kWarning, "preemption.detected", "instance/preempted is TRUE: the VM is being preempted",
+                {{"phase", PhaseName(phase_)}});
+            if (phase_ == Phase::kRunning) BeginStop(EndReason::kPreempted, now, out);
+          },
+          [&](const MaintenanceNotice& e) {
+            if (e.value == "TERMINATE_ON_HOST_MAINTENANCE") {
+              Log(Severity::kWarning, "maintenance.detected",
+                  "host maintenance will terminate this VM: stopping the trainer", {{"value", e.value}});
+              if (phase_ == Phase::kRunning) BeginStop(EndReason::kMaintenance, now, out);
+            } else {
+              // Live migration pauses the VM briefly; the trainer carries on.
+              Log(Severity::kInfo, "maintenance.event", fmt::format("maintenance-event is {}", e.value),
+                  {{"value", e.value}});
+            }
+          },
+          [&](const StopSignal& e) {
+            Log(Severity::kWarning, "signal.received", fmt::format("spotvisor received {}", SignalName(e.signo)),
+                {{"signal", SignalName(e.signo)}, {"phase", PhaseName(phase_)}});
+            switch (phase_) {
+              case Phase::kStarting:
+                reason_ = EndReason::kStopped;
+                exit_code_ = 128 + e.signo;
+                Finish(now, out);
+                break;
+              case Phase::kRunning: BeginStop(EndReason::kStopped, now, out); break;
+              // A second request to stop means "stop faster".
+              case Phase::kStopping: Escalate(now, out, "asked again to stop"); break;
+              case Phase::kFinishing:
+                // The system is going down (likely because we asked it to).
+                phase_ = Phase::kDone;
+                deadline_.reset();
+                out.push_back(ExitProcess{exit_code_});
+                break;
+              default: break;
+            }
+          },
+          [&](const LeftoversGone&) {
+            if (phase_ == Phase::kDraining) Finish(now, out);
+          },
+          [&](const OnExitDone& e) {
+            if (phase_ != Phase::kFinishing) return;
+            Log(e.exit_code == 0 ? Severity::kInfo : Severity::kError, "shutdown.done",
+                e.exit_code == 0 ? "shutdown command finished" : fmt::format("shutdown command failed with exit code {}", e.exit_code),
+                {{"exit_code", e.exit_code}});
+            EnterPhase(Phase::kDone, now, std::nullopt, "on-exit done");
+            out.push_back(ExitProcess{exit_code_});
+          },
+          [&](const DeadlineReached&) {
+            if (!deadline_ || now < *deadline_) return;
+            switch (phase_) {
+              case Phase::kStopping:
+                Escalate(now, out, fmt::format("trainer still running after {}",
+                                               FormatDuration(stop_signal_ == SIGINT ? options_.stop_timeout : options_.kill_timeout)));
+                break;
+              case Phase::kDraining:
+                if (leftover_signal_ == SIGTERM) {
+                  leftover_signal_ = SIGKILL;
+                  out.push_back(SignalLeftovers{SIGKILL});
+                  EnterPhase(Phase::kDraining, now, options_.kill_grace, "leftover processes ignored SIGTERM: SIGKILL");
+                } else {
+                  Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
+                  Finish(now, out);
+                }
+                break;
+              case Phase::kFinishing:
+                Log(Severity::kError, "shutdown.timeout", "shutdown command did not finish in time");
+                EnterPhase(Phase::kDone, now, std::nullopt, "on-exit timed out");
+                out.push_back(ExitProcess{exit_code_});
+                break;
+              default: break;
+            }
+          },
+      },
+      event);
+  return out;
+}
+
+void StateMachine::BeginStop(EndReason reason, SteadyTime now, std::vector<Action>& out) {
+  reason_ = reason;
+  stop_signal_ = SIGINT;
+  Log(Severity::kWarning, "trainer.signal", fmt::format("sending SIGINT to the trainer's process group {}", trainer_pid_),
+      {{"signal", "SIGINT"}, {"pgid", trainer_pid_}, {"reason", EndReasonName(reason)}});
+  out.push_back(SignalTrainer{SIGINT});
+  EnterPhase(Phase::kStopping, now, options_.stop_timeout,
+             fmt::format("{}: waiting up to {} for the trainer to stop", EndReasonName(reason), FormatDuration(options_.stop_timeout)));
+}
+
+void StateMachine::Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why) {
+  int next = stop_signal_ == SIGINT ? SIGTERM : SIGKILL;
+  if (stop_signal_ == SIGKILL) {
+    Log(Severity::kError, "trainer.unkillable",
+        fmt::format("trainer pid {} did not exit after SIGKILL (stuck in the kernel?); finishing anyway", trainer_pid_));
+    exit_code_ = 128 + SIGKILL;
+    Finish(now, out);
+    return;
+  }
+  stop_signal_ = next;
+  Log(Severity::kWarning, "trainer.signal",
+      fmt::format("{}: sending {} to the trainer's process group {}", why, SignalName(next), trainer_pid_),
+      {{"signal", SignalName(next)}, {"pgid", trainer_pid_}, {"reason", why}});
+  out.push_back(SignalTrainer{next});
+  EnterPhase(Phase::kStopping, now, next == SIGTERM ? options_.kill_timeout : options_.kill_grace,
+             fmt::format("sent {}", SignalName(next)));
+}
+
+void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out) {
+  if (e.pid != trainer_pid_ || (phase_ != Phase::kRunning && phase_ != Phase::kStopping)) return;
+  exit_code_ = e.signal != 0 ? 128 + e.signal : e.exit_code;
+  nlohmann::json f = {{"pid", e.pid}, {"exit_code", exit_code_}, {"runtime_s", Seconds(now - trainer_started_)}};
+  if (e.signal != 0) f["signal"] = SignalName(e.signal);
+  std::string how = e.signal != 0 ? fmt::format("killed by {}", SignalName(e.signal)) : fmt::format("exited with code {}", e.exit_code);
+  bool ok = exit_code_ == 0 || phase_ == Phase::kStopping;
+  Log(ok ? Severity::kInfo : Severity::kError, "trainer.exit", fmt::format("trainer {}", how), f);
+  if (!reason_) reason_ = exit_code_ == 0 ? EndReason::kCompleted : EndReason::kFailed;
+  leftover_signal_ = SIGTERM;
+  out.push_back(SignalLeftovers{SIGTERM});
+  EnterPhase(Phase::kDraining, now, options_.kill_timeout, "trainer exited: stopping anything it left running");
+}
+
+void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
+  nlohmann::json f = {{"reason", EndReasonName(*reason_)}, {"exit_code", exit_code_},
+                      {"duration_s", Seconds(now - started_)}};
+  if (trainer_ran_) f["trainer_runtime_s"] = Seconds(now - trainer_started_);
+  Severity s = (*reason_ == EndReason::kFailed) ? Severity::kError : Severity::kNotice;
+  Log(s, "run.end", fmt::format("run ended: {} (exit code {})", EndReasonName(*reason_), exit_code_), f);
+  // Stopped by a signal means systemd or an operator is already stopping us
+  // (the system may be shutting down): powering off on top would surprise an
+  // operator who only ran `systemctl stop spotvisor`.
+  bool run_it = options_.run_on_exit && *reason_ != EndReason::kStopped && !on_exit_started_;
+  if (!run_it) {
+    Log(Severity::kInfo, "shutdown.skipped",
+        options_.run_on_exit ? "spotvisor was stopped by a signal: not running on-exit" : "on-exit is none: leaving the machine running");
+    EnterPhase(Phase::kDone, now, std::nullopt, "run ended");
+    out.push_back(ExitProcess{exit_code_});
+    return;
+  }
+  on_exit_started_ = true;
+  EnterPhase(Phase::kFinishing, now, options_.on_exit_timeout, "running on-exit");
+  out.push_back(RunOnExit{});
+}
+
+}  // namespace spotvisor

@@ -1,0 +1,106 @@
+// The supervisor as an explicit state machine, s6-style: (phase x event) ->
+// actions, with exactly one deadline at a time. It does no I/O: the driver
+// (supervisor.cc) feeds it events from the event loop and carries out the
+// actions it returns, so every path can be unit-tested with a hand-moved
+// clock.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/clock.h"
+#include "log/logger.h"
+
+namespace spotvisor {
+
+enum class Phase {
+  kStarting,   // config loaded; trainer not started yet
+  kRunning,    // trainer running
+  kStopping,   // stop ladder: SIGINT -> SIGTERM -> SIGKILL
+  kDraining,   // trainer gone; stopping what it left behind
+  kFinishing,  // on-exit action
+  kDone,
+};
+const char* PhaseName(Phase p);
+
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped };
+const char* EndReasonName(EndReason r);
+
+// Events.
+struct StartEvent {
+  bool already_preempted = false;
+  bool maintenance_terminate = false;
+};
+struct TrainerSpawned { int pid; };
+struct TrainerSpawnFailed { std::string error; int exit_code; };
+struct TrainerExited { int pid; int exit_code; int signal; };  // signal 0: exited normally
+struct PreemptionNotice {};
+struct MaintenanceNotice { std::string value; };
+struct StopSignal { int signo; };
+struct LeftoversGone {};
+struct OnExitDone { int exit_code; };
+struct DeadlineReached {};
+using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, PreemptionNotice,
+                           MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached>;
+
+// Actions.
+struct SpawnTrainer {};
+struct SignalTrainer { int signo; };    // to the trainer's whole process group
+struct SignalLeftovers { int signo; };  // every remaining descendant
+struct RunOnExit {};
+struct ExitProcess { int code; };
+using Action = std::variant<SpawnTrainer, SignalTrainer, SignalLeftovers, RunOnExit, ExitProcess>;
+
+struct StateMachineOptions {
+  std::chrono::milliseconds stop_timeout{20'000};
+  std::chrono::milliseconds kill_timeout{5'000};
+  // After SIGKILL, how long to wait before giving up on a process stuck in
+  // the kernel (D state) and finishing anyway.
+  std::chrono::milliseconds kill_grace{5'000};
+  // How long the on-exit command may take.
+  std::chrono::milliseconds on_exit_timeout{60'000};
+  bool run_on_exit = false;  // on-exit = poweroff
+};
+
+class StateMachine {
+ public:
+  using Emit = std::function<void(LogEvent)>;
+  StateMachine(StateMachineOptions options, Emit emit) : options_(options), emit_(std::move(emit)) {}
+
+  std::vector<Action> Handle(const Event& event, SteadyTime now);
+
+  Phase phase() const { return phase_; }
+  std::optional<SteadyTime> deadline() const { return deadline_; }
+  int trainer_pid() const { return trainer_pid_; }
+  std::optional<EndReason> end_reason() const { return reason_; }
+  int exit_code() const { return exit_code_; }
+  // 0 while not stopping; else the last signal sent to the trainer.
+  int stop_signal() const { return stop_signal_; }
+
+ private:
+  void EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline, const std::string& why);
+  void BeginStop(EndReason reason, SteadyTime now, std::vector<Action>& out);
+  void Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why);
+  void Finish(SteadyTime now, std::vector<Action>& out);
+  void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
+  void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
+
+  StateMachineOptions options_;
+  Emit emit_;
+  Phase phase_ = Phase::kStarting;
+  std::optional<SteadyTime> deadline_;
+  std::optional<EndReason> reason_;
+  int trainer_pid_ = 0;
+  int exit_code_ = 0;
+  int stop_signal_ = 0;
+  int leftover_signal_ = 0;
+  SteadyTime started_{}, trainer_started_{};
+  bool trainer_ran_ = false;
+  bool on_exit_started_ = false;
+};
+
+}  // namespace spotvisor

@@ -1,0 +1,329 @@
+#include "supervisor/supervisor.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+
+#include <fmt/format.h>
+
+#include "log/logger.h"
+#include "output/utf8.h"
+#include "state/status_file.h"
+
+namespace spotvisor {
+
+namespace asio = boost::asio;
+
+// Reads one of the trainer's pipes into log lines. \r-rewritten progress
+// lines are collapsed by the LineAssembler; its timer emits a pending
+// progress line when nothing else arrives.
+class Supervisor::OutputPump {
+ public:
+  OutputPump(asio::io_context& io, int fd, std::string stream, std::string event, Logger& logger,
+             const Clock& clock, std::chrono::milliseconds progress_interval)
+      : fd_(io, fd),
+        timer_(io),
+        stream_(std::move(stream)),
+        event_(std::move(event)),
+        logger_(logger),
+        clock_(clock),
+        assembler_(output::LineAssemblerOptions{16384, progress_interval}) {
+    fd_.non_blocking(true);
+  }
+
+  void Start() { ReadMore(); }
+  bool done() const { return done_; }
+
+  // Reads whatever is already in the pipe, without waiting: called when the
+  // trainer has exited, so its last lines are logged before trainer.exit.
+  void DrainNow() {
+    char buf[65536];
+    for (;;) {
+      boost::system::error_code ec;
+      std::size_t n = fd_.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return;
+      if (ec) {
+        Finish();
+        return;
+      }
+      Emit(assembler_.Feed(std::string_view(buf, n), clock_.Now()));
+    }
+  }
+
+  void Close() {
+    boost::system::error_code ec;
+    timer_.cancel();
+    fd_.cancel(ec);
+    if (!done_) Finish();
+    fd_.close(ec);
+  }
+
+ private:
+  void ReadMore() {
+    if (done_) return;
+    fd_.async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+      if (ec == asio::error::operation_aborted || done_) return;
+      DrainNow();
+      ArmTick();
+      ReadMore();
+    });
+  }
+
+  void ArmTick() {
+    auto due = assembler_.NextDeadline();
+    if (!due) return;
+    timer_.expires_at(*due);
+    timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      Emit(assembler_.Tick(clock_.Now()));
+      ArmTick();
+    });
+  }
+
+  void Finish() {
+    done_ = true;
+    Emit(assembler_.Flush(clock_.Now()));
+  }
+
+  void Emit(const std::vector<output::OutputLine>& lines) {
+    for (auto const& l : lines) {
+      nlohmann::json f = {{"stream", stream_}};
+      if (l.progress) f["progress"] = true;
+      if (l.truncated_bytes > 0) f["truncated_bytes"] = l.truncated_bytes;
+      logger_.Log(LogEvent{Severity::kInfo, event_, output::EscapeInvalidUtf8(l.text), std::move(f)});
+    }
+  }
+
+  asio::posix::stream_descriptor fd_;
+  asio::steady_timer timer_;
+  std::string stream_, event_;
+  Logger& logger_;
+  const Clock& clock_;
+  output::LineAssembler assembler_;
+  bool done_ = false;
+};
+
+namespace {
+
+StateMachineOptions MachineOptions(const Config& c) {
+  StateMachineOptions o;
+  o.stop_timeout = c.stop_timeout;
+  o.kill_timeout = c.kill_timeout;
+  o.run_on_exit = c.on_exit == OnExit::kPoweroff;
+  return o;
+}
+
+}  // namespace
+
+Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger, SupervisorOptions options,
+                       asio::signal_set& signals)
+    : io_(io),
+      clock_(clock),
+      logger_(logger),
+      options_(std::move(options)),
+      machine_(MachineOptions(options_.config), [this](LogEvent e) { OnMachineEvent(std::move(e)); }),
+      signals_(signals),
+      deadline_timer_(io) {}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::Start() {
+  if (auto s = BecomeSubreaper(); !s.ok()) logger_.Warn("supervisor.subreaper", s.message());
+  phase_since_ = clock_.WallNow();
+  signals_.async_wait([this](auto ec, int signo) {
+    if (!ec) OnSignal(signo);
+  });
+  auto const& c = options_.config;
+  logger_.Info("run.start", fmt::format("run {} starting: {}", c.run_id, c.command),
+               {{"run_id", c.run_id}, {"command", c.command}, {"user", c.user}, {"workdir", c.workdir},
+                {"on_exit", c.on_exit == OnExit::kPoweroff ? "poweroff" : "none"}, {"mode", options_.mode},
+                {"spotvisor_pid", getpid()}});
+  Dispatch(StartEvent{options_.already_preempted, options_.maintenance_terminate});
+}
+
+void Supervisor::NotifyPreempted() {
+  asio::post(io_, [this] { Dispatch(PreemptionNotice{}); });
+}
+
+void Supervisor::NotifyMaintenance(const std::string& value) {
+  asio::post(io_, [this, value] { Dispatch(MaintenanceNotice{value}); });
+}
+
+void Supervisor::Dispatch(const Event& e) {
+  if (exited_) return;
+  for (auto const& a : machine_.Handle(e, clock_.Now())) Execute(a);
+  ArmDeadline();
+}
+
+void Supervisor::ArmDeadline() {
+  if (exited_) return;
+  auto d = machine_.deadline();
+  if (!d) {
+    deadline_timer_.cancel();
+    return;
+  }
+  deadline_timer_.expires_at(*d);
+  deadline_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) Dispatch(DeadlineReached{});
+  });
+}
+
+void Supervisor::Execute(const Action& a) {
+  if (std::holds_alternative<struct SpawnTrainer>(a)) {
+    SpawnTrainer();
+  } else if (auto* s = std::get_if<SignalTrainer>(&a)) {
+    if (trainer_pid_ > 0 && !trainer_reaped_ && killpg(trainer_pid_, s->signo) != 0 && errno != ESRCH) {
+      logger_.Error("trainer.signal_failed", fmt::format("killpg({}, {}): {}", trainer_pid_, s->signo, std::strerror(errno)));
+    }
+  } else if (auto* l = std::get_if<struct SignalLeftovers>(&a)) {
+    SignalLeftovers(l->signo);
+  } else if (std::holds_alternative<struct RunOnExit>(a)) {
+    RunOnExit();
+  } else if (auto* x = std::get_if<ExitProcess>(&a)) {
+    Exit(x->code);
+  }
+}
+
+void Supervisor::SpawnTrainer() {
+  auto const& c = options_.config;
+  SpawnOptions o;
+  o.argv = c.argv;
+  o.env = options_.base_env;
+  for (auto const& [k, v] : c.env) o.env.push_back(k + "=" + v);
+  for (auto const& [k, v] : SpotvisorEnv(c)) o.env.push_back(k + "=" + v);
+  o.workdir = c.workdir;
+  o.user = options_.user;
+  o.capture_output = true;
+  auto spawned = Spawn(o);
+  if (!spawned.ok()) {
+    // 127: not found, 126: found but not runnable, as shells and tini report it.
+    int code = spawned.status().code() == StatusCode::kNotFound ? 127 : 126;
+    Dispatch(TrainerSpawnFailed{spawned.status().message(), code});
+    return;
+  }
+  trainer_pid_ = spawned->pid;
+  pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stdout_fd, "stdout", "trainer.output", logger_, clock_,
+                                                c.progress_interval));
+  pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stderr_fd, "stderr", "trainer.output", logger_, clock_,
+                                                c.progress_interval));
+  logger_.Info("trainer.start", fmt::format("trainer started as pid {}", trainer_pid_),
+               {{"pid", trainer_pid_}, {"argv", c.argv}, {"user", c.user}, {"workdir", c.workdir}});
+  for (auto& p : pumps_) p->Start();
+  Dispatch(TrainerSpawned{trainer_pid_});
+}
+
+void Supervisor::OnSignal(int signo) {
+  signals_.async_wait([this](auto ec, int s) {
+    if (!ec) OnSignal(s);
+  });
+  if (signo == SIGCHLD) {
+    Reap();
+  } else {
+    Dispatch(StopSignal{signo});
+  }
+}
+
+// waitpid(-1) until nothing is left to collect: as a subreaper we also
+// inherit every orphaned grandchild, and each must be reaped.
+void Supervisor::Reap() {
+  for (;;) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    if (pid == trainer_pid_) {
+      trainer_reaped_ = true;
+      for (auto& p : pumps_) p->DrainNow();
+      Dispatch(TrainerExited{pid, WIFEXITED(status) ? WEXITSTATUS(status) : 0,
+                             WIFSIGNALED(status) ? WTERMSIG(status) : 0});
+    } else if (pid == on_exit_pid_) {
+      on_exit_pid_ = 0;
+      Dispatch(OnExitDone{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)});
+    }
+  }
+  CheckLeftoversGone();
+}
+
+void Supervisor::CheckLeftoversGone() {
+  if (machine_.phase() != Phase::kDraining) return;
+  // ECHILD: no children at all, so nothing the trainer started survives.
+  if (waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) Dispatch(LeftoversGone{});
+}
+
+void Supervisor::SignalLeftovers(int signo) {
+  std::vector<pid_t> pids;
+  for (pid_t p : ListChildren()) {
+    if (p != on_exit_pid_) pids.push_back(p);
+  }
+  if (!pids.empty()) {
+    logger_.Warn("trainer.leftovers",
+                 fmt::format("{} process(es) left behind by the trainer: sending {}", pids.size(), strsignal(signo)),
+                 {{"pids", pids}, {"signal", signo}});
+    if (trainer_pid_ > 0) killpg(trainer_pid_, signo);
+    for (pid_t p : pids) kill(p, signo);
+  }
+  // Re-check after the signals, via the loop, so a leftover that already
+  // died is reaped first.
+  asio::post(io_, [this] { Reap(); });
+}
+
+void Supervisor::RunOnExit() {
+  auto const& cmd = options_.config.shutdown_command;
+  logger_.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd),
+                       {{"command", cmd}}});
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", cmd};
+  o.env = options_.base_env;
+  o.capture_output = true;
+  auto spawned = Spawn(o);
+  if (!spawned.ok()) {
+    logger_.Error("shutdown.failed", spawned.status().message());
+    Dispatch(OnExitDone{127});
+    return;
+  }
+  on_exit_pid_ = spawned->pid;
+  pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stdout_fd, "stdout", "shutdown.output", logger_, clock_,
+                                                options_.config.progress_interval));
+  pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stderr_fd, "stderr", "shutdown.output", logger_, clock_,
+                                                options_.config.progress_interval));
+  for (auto& p : pumps_) p->Start();
+}
+
+void Supervisor::Exit(int code) {
+  exit_code_ = code;
+  exited_ = true;
+  for (auto& p : pumps_) p->Close();
+  boost::system::error_code ec;
+  signals_.cancel(ec);
+  deadline_timer_.cancel();
+  io_.stop();
+}
+
+void Supervisor::OnMachineEvent(LogEvent e) {
+  if (e.event == "supervisor.state") phase_since_ = clock_.WallNow();
+  logger_.Log(e);
+  WriteStatus(e);
+}
+
+void Supervisor::WriteStatus(const LogEvent& last) {
+  auto const& c = options_.config;
+  nlohmann::json j = {
+      {"run_id", c.run_id},
+      {"mode", options_.mode},
+      {"phase", PhaseName(machine_.phase())},
+      {"since", FormatRfc3339(phase_since_)},
+      {"spotvisor_pid", getpid()},
+      {"trainer_pid", trainer_pid_ > 0 && !trainer_reaped_ ? nlohmann::json(trainer_pid_) : nlohmann::json(nullptr)},
+      {"last_event", {{"event", last.event}, {"message", last.message}, {"time", FormatRfc3339(clock_.WallNow())}}},
+  };
+  if (auto r = machine_.end_reason()) j["reason"] = EndReasonName(*r);
+  if (machine_.phase() == Phase::kDone) j["exit_code"] = machine_.exit_code();
+  auto s = WriteStatusFile(c.state_dir, j);
+  if (!s.ok() && s.message() != status_error_) {
+    status_error_ = s.message();
+    logger_.Warn("status.write_failed", "cannot write status.json: " + s.message());
+  }
+}
+
+}  // namespace spotvisor

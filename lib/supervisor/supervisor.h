@@ -1,0 +1,81 @@
+// Drives the StateMachine on one io_context: signals (SIGINT, SIGTERM,
+// SIGCHLD) arrive through asio::signal_set, the trainer's output through
+// stream descriptors, metadata changes are posted in from the watcher
+// threads, and one steady_timer guards the machine's current deadline.
+#pragma once
+
+#include <sys/types.h>
+
+#include "common/asio.h"
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "log/logger.h"
+#include "output/line_assembler.h"
+#include "process/spawn.h"
+#include "supervisor/state_machine.h"
+
+namespace spotvisor {
+
+struct SupervisorOptions {
+  Config config;
+  std::optional<UserInfo> user;  // set when the trainer runs as another user
+  std::vector<std::string> base_env;  // environment the trainer starts from
+  bool already_preempted = false;
+  bool maintenance_terminate = false;
+  std::string mode;  // "daemon" or "run", for the status file
+};
+
+class Supervisor {
+ public:
+  // `signals` must include SIGINT, SIGTERM and SIGCHLD; it is owned by the
+  // caller so that it can be installed before configuration is loaded.
+  Supervisor(boost::asio::io_context& io, const Clock& clock, Logger& logger, SupervisorOptions options,
+             boost::asio::signal_set& signals);
+  ~Supervisor();
+
+  // Starts the run; the exit code is known once io.run() returns.
+  void Start();
+  int exit_code() const { return exit_code_; }
+
+  // Thread-safe: called from the metadata watcher threads.
+  void NotifyPreempted();
+  void NotifyMaintenance(const std::string& value);
+
+ private:
+  class OutputPump;
+
+  void Dispatch(const Event& e);
+  void Execute(const Action& a);
+  void ArmDeadline();
+  void OnSignal(int signo);
+  void Reap();
+  void SpawnTrainer();
+  void SignalLeftovers(int signo);
+  void RunOnExit();
+  void Exit(int code);
+  void OnMachineEvent(LogEvent e);
+  void WriteStatus(const LogEvent& last);
+  void CheckLeftoversGone();
+
+  boost::asio::io_context& io_;
+  const Clock& clock_;
+  Logger& logger_;
+  SupervisorOptions options_;
+  StateMachine machine_;
+  boost::asio::signal_set& signals_;
+  boost::asio::steady_timer deadline_timer_;
+  std::vector<std::unique_ptr<OutputPump>> pumps_;
+  pid_t trainer_pid_ = 0;
+  pid_t on_exit_pid_ = 0;
+  bool trainer_reaped_ = false;
+  bool exited_ = false;
+  int exit_code_ = 0;
+  WallTime phase_since_{};
+  std::string status_error_;  // last status.json write failure, logged once
+};
+
+}  // namespace spotvisor
