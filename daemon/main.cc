@@ -147,6 +147,11 @@ int Parse(int argc, char** argv, Args& a) {
       auto kv = spotvisor::ParseSetFlag(value);
       if (!kv.ok()) return Usage(kv.status().message());
       a.engine.sets.push_back(*kv);
+      if (kv->first == "log-format") {
+        a.engine.log_format = kv->second == "text"   ? spotvisor::LogFormat::kText
+                              : kv->second == "json" ? spotvisor::LogFormat::kJson
+                                                     : spotvisor::LogFormat::kAuto;
+      }
     }
   }
   return -1;

@@ -101,8 +101,9 @@ std::vector<std::string> BaseEnv(const std::optional<UserInfo>& user) {
   return env;
 }
 
-void SetUpLogging(Logger& logger) {
-  if (isatty(STDOUT_FILENO)) {
+void SetUpLogging(Logger& logger, LogFormat format) {
+  logger.ClearSinks();
+  if (format == LogFormat::kText || (format == LogFormat::kAuto && isatty(STDOUT_FILENO))) {
     logger.AddSink(MakeTextSink(stdout));
   } else {
     logger.AddSink(MakeJsonSink(stdout));
@@ -241,7 +242,7 @@ void PrepareHost(ConfigResult& r, Mode mode) {
 int RunEngine(const EngineOptions& options) {
   SystemClock clock;
   Logger logger(clock);
-  SetUpLogging(logger);
+  SetUpLogging(logger, options.log_format);
   asio::io_context io;
   // Installed first and kept to the end, so no SIGTERM ever meets a default
   // handler: during bootstrap it cancels the wait for metadata.
@@ -290,6 +291,7 @@ int RunEngine(const EngineOptions& options) {
   for (auto const& w : result.warnings) logger.Warn("config.warning", w);
   if (!result.config) return EndWithConfigError(result, options.mode, logger);
   Config config = *result.config;
+  if (config.log_format != options.log_format) SetUpLogging(logger, config.log_format);
   logger.SetLabel("run_id", config.run_id);
   if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
 

@@ -24,6 +24,8 @@ struct EngineOptions {
   bool config_path_given = false;  // a missing file is then an error
   std::vector<std::pair<std::string, std::string>> sets;
   std::vector<std::string> command;  // after --
+  // From --set log-format=..., so it applies from the very first line.
+  LogFormat log_format = LogFormat::kAuto;
 };
 
 struct MetadataSnapshot {

@@ -157,6 +157,19 @@ class Resolver {
     }
   }
 
+  void LogFormatKey(Config& c) {
+    auto v = Trim(Get("log-format").value);
+    if (v == "auto") {
+      c.log_format = LogFormat::kAuto;
+    } else if (v == "json") {
+      c.log_format = LogFormat::kJson;
+    } else if (v == "text") {
+      c.log_format = LogFormat::kText;
+    } else {
+      Error("log-format", fmt::format("\"{}\" is not one of: auto, json, text", v));
+    }
+  }
+
   void OnExitKey(Config& c) {
     auto v = Trim(Get("on-exit").value);
     if (v == "poweroff") {
@@ -232,6 +245,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     res.Error("metadata-watch-timeout", "must be at least 1s (the metadata server counts whole seconds)");
   }
   res.OnExitKey(c);
+  res.LogFormatKey(c);
   c.shutdown_command = std::string(Trim(res.Get("shutdown-command").value));
   if (c.on_exit == OnExit::kPoweroff && c.shutdown_command.empty()) {
     res.Error("shutdown-command", "is empty, but on-exit is poweroff");

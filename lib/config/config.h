@@ -19,6 +19,7 @@ enum class ConfigSource { kDefault, kFile, kProjectMetadata, kInstanceMetadata, 
 const char* ConfigSourceName(ConfigSource s);
 
 enum class OnExit { kPoweroff, kNone };
+enum class LogFormat { kAuto, kJson, kText };
 
 struct ConfigValue {
   std::string value;
@@ -55,6 +56,7 @@ struct Config {
   std::chrono::milliseconds metadata_watch_timeout{60'000};
   OnExit on_exit = OnExit::kNone;
   std::string shutdown_command;
+  LogFormat log_format = LogFormat::kAuto;
 };
 
 struct ConfigResult {

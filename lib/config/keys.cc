@@ -19,6 +19,8 @@ const std::vector<KeySpec>& AllKeys() {
       {"on-exit", KeyType::kOnExit, "",
        "What to do after the run: poweroff | none (default: poweroff for `daemon`, none for `run`)"},
       {"shutdown-command", KeyType::kString, "systemctl poweroff", "How on-exit=poweroff powers off (run by /bin/sh -c)"},
+      {"log-format", KeyType::kString, "auto",
+       "auto (text on a terminal, else JSON lines) | json | text"},
       {"progress-interval", KeyType::kDuration, "5s",
        "Log a \\r-rewritten progress line at most this often"},
       {"metadata-watch-timeout", KeyType::kDuration, "60s",

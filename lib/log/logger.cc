@@ -96,6 +96,11 @@ void Logger::AddSink(std::unique_ptr<LogSink> sink) {
   sinks_.push_back(std::move(sink));
 }
 
+void Logger::ClearSinks() {
+  std::lock_guard lk(mu_);
+  sinks_.clear();
+}
+
 void Logger::SetLabel(const std::string& key, const std::string& value) {
   std::lock_guard lk(mu_);
   labels_[key] = value;

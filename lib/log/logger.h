@@ -46,6 +46,7 @@ class Logger {
   explicit Logger(const Clock& clock) : clock_(clock) {}
 
   void AddSink(std::unique_ptr<LogSink> sink);
+  void ClearSinks();
   void SetLabel(const std::string& key, const std::string& value);
   // Thread-safe; invalid UTF-8 in message or fields is replaced, never thrown.
   void Log(LogEvent e);

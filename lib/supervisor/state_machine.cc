@@ -107,6 +107,9 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             Finish(now, out);
           },
           [&](const TrainerExited& e) { OnTrainerExited(e, now, out); },
+          [&](const GroupEmpty&) {
+            if (phase_ == Phase::kStopping && leader_exited_) BeginDraining(now, out);
+          },
           [&](const PreemptionNotice&) {
             Log(Severity::kWarning, "preemption.detected", "instance/preempted is TRUE: the VM is being preempted",
                 {{"phase", PhaseName(phase_)}});
@@ -199,8 +202,8 @@ void StateMachine::Escalate(SteadyTime now, std::vector<Action>& out, const std:
   int next = stop_signal_ == SIGINT ? SIGTERM : SIGKILL;
   if (stop_signal_ == SIGKILL) {
     Log(Severity::kError, "trainer.unkillable",
-        fmt::format("trainer pid {} did not exit after SIGKILL (stuck in the kernel?); finishing anyway", trainer_pid_));
-    exit_code_ = 128 + SIGKILL;
+        fmt::format("trainer process group {} did not exit after SIGKILL (stuck in the kernel?); finishing anyway", trainer_pid_));
+    if (!leader_exited_) exit_code_ = 128 + SIGKILL;
     Finish(now, out);
     return;
   }
@@ -214,14 +217,28 @@ void StateMachine::Escalate(SteadyTime now, std::vector<Action>& out, const std:
 }
 
 void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out) {
-  if (e.pid != trainer_pid_ || (phase_ != Phase::kRunning && phase_ != Phase::kStopping)) return;
+  if (e.pid != trainer_pid_ || leader_exited_ || (phase_ != Phase::kRunning && phase_ != Phase::kStopping)) return;
+  leader_exited_ = true;
   exit_code_ = e.signal != 0 ? 128 + e.signal : e.exit_code;
   nlohmann::json f = {{"pid", e.pid}, {"exit_code", exit_code_}, {"runtime_s", Seconds(now - trainer_started_)}};
   if (e.signal != 0) f["signal"] = SignalName(e.signal);
+  if (e.group_remaining > 0) f["group_remaining"] = e.group_remaining;
   std::string how = e.signal != 0 ? fmt::format("killed by {}", SignalName(e.signal)) : fmt::format("exited with code {}", e.exit_code);
   bool ok = exit_code_ == 0 || phase_ == Phase::kStopping;
   Log(ok ? Severity::kInfo : Severity::kError, "trainer.exit", fmt::format("trainer {}", how), f);
   if (!reason_) reason_ = exit_code_ == 0 ? EndReason::kCompleted : EndReason::kFailed;
+  if (phase_ == Phase::kStopping && e.group_remaining > 0) {
+    // The ladder goes on for the whole group: the process that got our
+    // SIGINT and is saving a checkpoint may be a child of the one that died.
+    Log(Severity::kInfo, "trainer.group_wait",
+        fmt::format("{} process(es) remain in the trainer's group: the stop ladder continues for them", e.group_remaining),
+        {{"remaining", e.group_remaining}});
+    return;
+  }
+  BeginDraining(now, out);
+}
+
+void StateMachine::BeginDraining(SteadyTime now, std::vector<Action>& out) {
   leftover_signal_ = SIGTERM;
   out.push_back(SignalLeftovers{SIGTERM});
   EnterPhase(Phase::kDraining, now, options_.kill_timeout, "trainer exited: stopping anything it left running");

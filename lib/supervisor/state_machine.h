@@ -37,15 +37,19 @@ struct StartEvent {
 };
 struct TrainerSpawned { int pid; };
 struct TrainerSpawnFailed { std::string error; int exit_code; };
-struct TrainerExited { int pid; int exit_code; int signal; };  // signal 0: exited normally
+// The trainer's process group leader was reaped. `group_remaining` counts
+// processes still in its group (a shell killed by SIGINT may leave the real
+// trainer still saving its checkpoint).
+struct TrainerExited { int pid; int exit_code; int signal; int group_remaining = 0; };
+struct GroupEmpty {};  // the last member of the trainer's process group is gone
 struct PreemptionNotice {};
 struct MaintenanceNotice { std::string value; };
 struct StopSignal { int signo; };
 struct LeftoversGone {};
 struct OnExitDone { int exit_code; };
 struct DeadlineReached {};
-using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, PreemptionNotice,
-                           MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached>;
+using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached>;
 
 // Actions.
 struct SpawnTrainer {};
@@ -80,6 +84,8 @@ class StateMachine {
   int exit_code() const { return exit_code_; }
   // 0 while not stopping; else the last signal sent to the trainer.
   int stop_signal() const { return stop_signal_; }
+  // True once the group leader is reaped (its group may still have members).
+  bool leader_exited() const { return leader_exited_; }
 
  private:
   void EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline, const std::string& why);
@@ -87,6 +93,7 @@ class StateMachine {
   void Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why);
   void Finish(SteadyTime now, std::vector<Action>& out);
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
+  void BeginDraining(SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
 
   StateMachineOptions options_;
@@ -100,6 +107,7 @@ class StateMachine {
   int leftover_signal_ = 0;
   SteadyTime started_{}, trainer_started_{};
   bool trainer_ran_ = false;
+  bool leader_exited_ = false;
   bool on_exit_started_ = false;
 };
 

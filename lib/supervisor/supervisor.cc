@@ -174,7 +174,8 @@ void Supervisor::Execute(const Action& a) {
   if (std::holds_alternative<struct SpawnTrainer>(a)) {
     SpawnTrainer();
   } else if (auto* s = std::get_if<SignalTrainer>(&a)) {
-    if (trainer_pid_ > 0 && !trainer_reaped_ && killpg(trainer_pid_, s->signo) != 0 && errno != ESRCH) {
+    // After the leader is reaped the group may live on; killpg still reaches it.
+    if (trainer_pid_ > 0 && killpg(trainer_pid_, s->signo) != 0 && errno != ESRCH) {
       logger_.Error("trainer.signal_failed", fmt::format("killpg({}, {}): {}", trainer_pid_, s->signo, std::strerror(errno)));
     }
   } else if (auto* l = std::get_if<struct SignalLeftovers>(&a)) {
@@ -236,7 +237,8 @@ void Supervisor::Reap() {
       trainer_reaped_ = true;
       for (auto& p : pumps_) p->DrainNow();
       Dispatch(TrainerExited{pid, WIFEXITED(status) ? WEXITSTATUS(status) : 0,
-                             WIFSIGNALED(status) ? WTERMSIG(status) : 0});
+                             WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+                             static_cast<int>(ListProcessGroup(trainer_pid_).size())});
     } else if (pid == on_exit_pid_) {
       on_exit_pid_ = 0;
       Dispatch(OnExitDone{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)});
@@ -246,6 +248,9 @@ void Supervisor::Reap() {
 }
 
 void Supervisor::CheckLeftoversGone() {
+  if (machine_.phase() == Phase::kStopping && machine_.leader_exited() && ListProcessGroup(trainer_pid_).empty()) {
+    Dispatch(GroupEmpty{});
+  }
   if (machine_.phase() != Phase::kDraining) return;
   // ECHILD: no children at all, so nothing the trainer started survives.
   if (waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) Dispatch(LeftoversGone{});

@@ -1,0 +1,192 @@
+#include "config/config.h"
+
+#include <catch2/catch.hpp>
+
+#include "config/config_file.h"
+
+namespace spotvisor {
+namespace {
+
+using namespace std::chrono_literals;
+
+ConfigInputs Base() {
+  ConfigInputs in;
+  in.file_path = "/etc/spotvisor/spotvisor.conf";
+  in.dynamic_defaults = {{"user", "root"}, {"run-id", "vm-1"}, {"on-exit", "poweroff"}};
+  in.instance_attributes = {{"spotvisor-command", "python train.py"}};
+  return in;
+}
+
+TEST_CASE("the file format: comments, quoting, escapes") {
+  auto r = ParseConfigText(
+      "# a comment\n"
+      "\n"
+      "command = python train.py --lr 0.1 # not a comment\n"
+      "  env = \"A=1\\nB=two words\\n\"\n"
+      "shutdown-command=\"echo \\\"bye\\\" \\\\o/\"\n",
+      "f.conf");
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 3);
+  CHECK((*r)[0].key == "command");
+  CHECK((*r)[0].value == "python train.py --lr 0.1 # not a comment");
+  CHECK((*r)[1].value == "A=1\nB=two words\n");
+  CHECK((*r)[1].line == 4);
+  CHECK((*r)[2].value == "echo \"bye\" \\o/");
+}
+
+TEST_CASE("file syntax errors name the file and line") {
+  CHECK(ParseConfigText("a = 1\nnonsense\n", "f.conf").status().message() ==
+        "f.conf:2: expected `key = value`, got \"nonsense\"");
+  CHECK(ParseConfigText("a = \"open\n", "f.conf").status().message() ==
+        "f.conf:1: unterminated quoted value (missing closing \")");
+  CHECK(ParseConfigText("a = \"x\\q\"\n", "f.conf").status().message() ==
+        "f.conf:1: unknown escape \\q (use \\n, \\t, \\\" or \\\\)");
+  CHECK_FALSE(ParseConfigText("= 1\n", "f.conf").ok());
+}
+
+TEST_CASE("layers: default < file < project < instance < command line, with sources") {
+  auto in = Base();
+  in.file_entries = {{"stop-timeout", "30s", 3}, {"kill-timeout", "7s", 4}, {"workdir", "/srv", 5}};
+  in.project_attributes = {{"spotvisor-stop-timeout", "40s"}, {"spotvisor-kill-timeout", "8s"}};
+  in.instance_attributes["spotvisor-stop-timeout"] = "50s";
+  in.cli_sets = {{"kill-timeout", "9s"}};
+  auto r = ResolveConfig(in);
+  REQUIRE(r.errors.empty());
+  REQUIRE(r.config);
+  CHECK(r.config->stop_timeout == 50s);
+  CHECK(r.config->kill_timeout == 9s);
+  CHECK(r.config->workdir == "/srv");
+  CHECK(r.values["stop-timeout"].source == ConfigSource::kInstanceMetadata);
+  CHECK(r.values["stop-timeout"].origin == "instance metadata spotvisor-stop-timeout");
+  CHECK(r.values["kill-timeout"].source == ConfigSource::kCommandLine);
+  CHECK(r.values["workdir"].origin == "/etc/spotvisor/spotvisor.conf:5 workdir");
+  CHECK(r.values["state-dir"].source == ConfigSource::kDefault);
+  CHECK(r.config->on_exit == OnExit::kPoweroff);
+  CHECK(r.config->run_id == "vm-1");
+  CHECK(r.config->checkpoint_dir == "/var/lib/spotvisor/checkpoints");
+  CHECK(r.config->shutdown_command == "systemctl poweroff");
+}
+
+TEST_CASE("a bad value names the source, the key and the problem") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-stop-timeout"] = "20 sec";
+  auto r = ResolveConfig(in);
+  REQUIRE_FALSE(r.config);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0] == "instance metadata spotvisor-stop-timeout: \"20 sec\" is not a duration (try 20s, 15m or 1h30m)");
+}
+
+TEST_CASE("every bad key is reported, not only the first") {
+  auto in = Base();
+  in.file_entries = {{"kill-timeout", "soon", 2}, {"on-exit", "reboot", 3}, {"state-dir", "relative/dir", 4}};
+  auto r = ResolveConfig(in);
+  CHECK(r.errors.size() == 3);
+  CHECK(r.errors[2].find("/etc/spotvisor/spotvisor.conf:3 on-exit: \"reboot\" is not one of: poweroff, none") !=
+        std::string::npos);
+}
+
+TEST_CASE("unknown spotvisor-* attributes warn with a suggestion; other attributes are ignored") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-stop-timout"] = "30s";
+  in.instance_attributes["startup-script"] = "#!/bin/bash";
+  in.project_attributes["spotvisor-frobnicate"] = "1";
+  auto r = ResolveConfig(in);
+  CHECK(r.errors.empty());
+  REQUIRE(r.warnings.size() == 2);
+  CHECK(r.warnings[0] == "project metadata spotvisor-frobnicate: unknown spotvisor attribute, ignored");
+  CHECK(r.warnings[1] ==
+        "instance metadata spotvisor-stop-timout: unknown spotvisor attribute, ignored (did you mean spotvisor-stop-timeout?)");
+}
+
+TEST_CASE("an unknown key in the file warns; on the command line it is an error") {
+  auto in = Base();
+  in.file_entries = {{"comand", "x", 7}};
+  in.cli_sets = {{"stop-timout", "3s"}};
+  auto r = ResolveConfig(in);
+  REQUIRE(r.warnings.size() == 1);
+  CHECK(r.warnings[0] == "/etc/spotvisor/spotvisor.conf:7: unknown key \"comand\", ignored (did you mean command?)");
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0] == "--set stop-timout: unknown key (did you mean stop-timeout?)");
+}
+
+TEST_CASE("command: shell form, exec form, and the command after --") {
+  auto in = Base();
+  auto r = ResolveConfig(in);
+  CHECK(r.config->argv == std::vector<std::string>{"/bin/sh", "-c", "python train.py"});
+  CHECK_FALSE(r.config->exec_form);
+
+  in.instance_attributes["spotvisor-command"] = R"(["python", "train.py", "--dir=${SPOTVISOR_CHECKPOINT_DIR}", "--lr=${LR}"])";
+  in.instance_attributes["spotvisor-env"] = "LR=0.01\n\n# comment\nEMPTY=";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.empty());
+  CHECK(r.config->argv ==
+        std::vector<std::string>{"python", "train.py", "--dir=/var/lib/spotvisor/checkpoints", "--lr=0.01"});
+  CHECK(r.config->env == std::vector<std::pair<std::string, std::string>>{{"LR", "0.01"}, {"EMPTY", ""}});
+
+  in.cli_command = {"./run.sh", "a b"};
+  r = ResolveConfig(in);
+  CHECK(r.config->argv == std::vector<std::string>{"./run.sh", "a b"});
+  CHECK(r.values["command"].source == ConfigSource::kCommandLine);
+}
+
+TEST_CASE("shell form leaves ${NAME} to the shell, which quotes it properly") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-command"] = "python train.py --lr ${LR}";
+  in.instance_attributes["spotvisor-env"] = "LR=0.01";
+  auto r = ResolveConfig(in);
+  CHECK(r.config->argv[2] == "python train.py --lr ${LR}");
+}
+
+TEST_CASE("command errors: empty, missing, malformed exec form, undefined reference") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-command"] = "   ";
+  auto r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("no command to run") != std::string::npos);
+
+  in.instance_attributes.erase("spotvisor-command");
+  CHECK(ResolveConfig(in).errors.size() == 1);
+
+  in.instance_attributes["spotvisor-command"] = R"(["python", 3])";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].rfind("instance metadata spotvisor-command: ", 0) == 0);
+
+  in.instance_attributes["spotvisor-command"] = R"(["python", "${NOPE}"])";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("${NOPE} is not defined in env") != std::string::npos);
+}
+
+TEST_CASE("env lines must be NAME=value") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-env"] = "GOOD=1\n1BAD=2\nno equals";
+  auto r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 2);
+  CHECK(r.errors[0] == "instance metadata spotvisor-env: line 2 \"1BAD=2\" is not NAME=value (one per line, NAME of letters, digits and _)");
+}
+
+TEST_CASE("run-id must be usable in object names and labels") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-run-id"] = "../etc";
+  CHECK(ResolveConfig(in).errors.size() == 1);
+  in.instance_attributes["spotvisor-run-id"] = "exp-42_lr0.1";
+  CHECK(ResolveConfig(in).errors.empty());
+}
+
+TEST_CASE("--set parsing") {
+  CHECK(*ParseSetFlag("a=b=c") == std::make_pair(std::string("a"), std::string("b=c")));
+  CHECK_FALSE(ParseSetFlag("novalue").ok());
+  CHECK_FALSE(ParseSetFlag("=x").ok());
+}
+
+TEST_CASE("the trainer's spotvisor variables include Vertex AI's name") {
+  Config c;
+  c.run_id = "r";
+  c.checkpoint_dir = "/ck";
+  auto env = SpotvisorEnv(c);
+  CHECK(std::find(env.begin(), env.end(), std::make_pair(std::string("AIP_CHECKPOINT_DIR"), std::string("/ck"))) != env.end());
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -1,0 +1,263 @@
+#include "supervisor/state_machine.h"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+
+namespace spotvisor {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Drives the machine with a clock moved by hand and records what it logs.
+struct Harness {
+  explicit Harness(StateMachineOptions o = Options()) : machine(o, [this](LogEvent e) { events.push_back(std::move(e)); }) {}
+
+  static StateMachineOptions Options() {
+    StateMachineOptions o;
+    o.stop_timeout = 20s;
+    o.kill_timeout = 5s;
+    o.kill_grace = 5s;
+    o.on_exit_timeout = 60s;
+    o.run_on_exit = true;
+    return o;
+  }
+
+  std::vector<Action> On(const Event& e) { return machine.Handle(e, now); }
+  std::vector<Action> Advance(std::chrono::milliseconds d) {
+    now += d;
+    return On(DeadlineReached{});
+  }
+  void StartRunning(int pid = 100) {
+    auto a = On(StartEvent{});
+    REQUIRE(a.size() == 1);
+    REQUIRE(std::holds_alternative<SpawnTrainer>(a[0]));
+    On(TrainerSpawned{pid});
+    REQUIRE(machine.phase() == Phase::kRunning);
+  }
+  bool Logged(const std::string& event) const {
+    return std::any_of(events.begin(), events.end(), [&](auto const& e) { return e.event == event; });
+  }
+  const LogEvent& Last(const std::string& event) const {
+    for (auto it = events.rbegin(); it != events.rend(); ++it) {
+      if (it->event == event) return *it;
+    }
+    FAIL("no event " << event);
+    return events.front();
+  }
+
+  SteadyTime now{std::chrono::seconds(1000)};
+  std::vector<LogEvent> events;
+  StateMachine machine;
+};
+
+template <typename T>
+const T& Only(const std::vector<Action>& a) {
+  REQUIRE(a.size() == 1);
+  REQUIRE(std::holds_alternative<T>(a[0]));
+  return std::get<T>(a[0]);
+}
+
+TEST_CASE("a trainer that completes ends the run as completed and runs on-exit once") {
+  Harness h;
+  h.StartRunning();
+  CHECK(Only<SignalLeftovers>(h.On(TrainerExited{100, 0, 0})).signo == SIGTERM);
+  CHECK(h.machine.phase() == Phase::kDraining);
+  Only<RunOnExit>(h.On(LeftoversGone{}));
+  CHECK(h.machine.phase() == Phase::kFinishing);
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+  // A second LeftoversGone (e.g. a late reap) must not run on-exit again.
+  CHECK(h.On(LeftoversGone{}).empty());
+  CHECK(Only<ExitProcess>(h.On(OnExitDone{0})).code == 0);
+  CHECK(h.machine.phase() == Phase::kDone);
+}
+
+TEST_CASE("the trainer's exit code is passed through; a signal death becomes 128+N") {
+  Harness h;
+  h.StartRunning();
+  h.On(TrainerExited{100, 0, SIGSEGV});
+  h.On(LeftoversGone{});
+  CHECK(h.machine.exit_code() == 128 + SIGSEGV);
+  CHECK(h.Last("run.end").fields["reason"] == "failed");
+  CHECK(h.Last("trainer.exit").severity == Severity::kError);
+}
+
+TEST_CASE("preemption starts the ladder: SIGINT, SIGTERM after stop-timeout, SIGKILL after kill-timeout") {
+  Harness h;
+  h.StartRunning();
+  CHECK(Only<SignalTrainer>(h.On(PreemptionNotice{})).signo == SIGINT);
+  CHECK(h.machine.phase() == Phase::kStopping);
+  CHECK(*h.machine.deadline() == h.now + 20s);
+  CHECK(h.Advance(19'999ms).empty());  // not yet due
+  CHECK(Only<SignalTrainer>(h.Advance(1ms)).signo == SIGTERM);
+  CHECK(*h.machine.deadline() == h.now + 5s);
+  CHECK(Only<SignalTrainer>(h.Advance(5s)).signo == SIGKILL);
+  Only<SignalLeftovers>(h.On(TrainerExited{100, 0, SIGKILL}));
+  Only<RunOnExit>(h.On(LeftoversGone{}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+  CHECK(h.machine.exit_code() == 137);
+}
+
+TEST_CASE("a trainer that stops on SIGINT is not escalated and keeps its exit code") {
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  h.now += 3s;
+  Only<SignalLeftovers>(h.On(TrainerExited{100, 0, 0}));
+  CHECK(h.Advance(30s).size() == 1);  // only the leftover SIGKILL deadline, no trainer signal
+  CHECK(h.machine.exit_code() == 0);
+  CHECK(*h.machine.end_reason() == EndReason::kPreempted);
+}
+
+TEST_CASE("a repeated preemption notice does not restart the ladder") {
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  auto deadline = *h.machine.deadline();
+  h.now += 1s;
+  CHECK(h.On(PreemptionNotice{}).empty());
+  CHECK(*h.machine.deadline() == deadline);
+}
+
+TEST_CASE("already preempted at startup: the trainer is never started") {
+  Harness h;
+  Only<RunOnExit>(h.On(StartEvent{true, false}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+  CHECK(h.machine.exit_code() == 75);
+  CHECK(h.Logged("preemption.detected"));
+}
+
+TEST_CASE("TERMINATE maintenance stops the trainer; MIGRATE is only logged") {
+  Harness h;
+  h.StartRunning();
+  CHECK(h.On(MaintenanceNotice{"MIGRATE_ON_HOST_MAINTENANCE"}).empty());
+  CHECK(h.machine.phase() == Phase::kRunning);
+  CHECK(h.Logged("maintenance.event"));
+  CHECK(Only<SignalTrainer>(h.On(MaintenanceNotice{"TERMINATE_ON_HOST_MAINTENANCE"})).signo == SIGINT);
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  CHECK(h.Last("run.end").fields["reason"] == "maintenance");
+}
+
+TEST_CASE("SIGTERM to spotvisor stops the trainer, a second one escalates, and on-exit is skipped") {
+  Harness h;
+  h.StartRunning();
+  CHECK(Only<SignalTrainer>(h.On(StopSignal{SIGTERM})).signo == SIGINT);
+  CHECK(Only<SignalTrainer>(h.On(StopSignal{SIGINT})).signo == SIGTERM);
+  h.On(TrainerExited{100, 0, SIGTERM});
+  CHECK(Only<ExitProcess>(h.On(LeftoversGone{})).code == 128 + SIGTERM);
+  CHECK(h.Last("run.end").fields["reason"] == "stopped");
+  CHECK(h.Logged("shutdown.skipped"));
+}
+
+TEST_CASE("leftover processes get SIGTERM, then SIGKILL, then the run finishes anyway") {
+  Harness h;
+  h.StartRunning();
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(Only<SignalLeftovers>(h.Advance(5s)).signo == SIGKILL);
+  Only<RunOnExit>(h.Advance(5s));
+  CHECK(h.Logged("trainer.leftovers"));
+}
+
+TEST_CASE("an unkillable trainer does not hang the run") {
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  h.Advance(20s);
+  h.Advance(5s);
+  Only<RunOnExit>(h.Advance(5s));
+  CHECK(h.Logged("trainer.unkillable"));
+  CHECK(h.machine.exit_code() == 137);
+}
+
+TEST_CASE("spawn failure ends the run as failed with 126/127") {
+  Harness h;
+  h.On(StartEvent{});
+  Only<RunOnExit>(h.On(TrainerSpawnFailed{"no such file", 127}));
+  CHECK(h.machine.exit_code() == 127);
+  CHECK(h.Logged("trainer.start_failed"));
+}
+
+TEST_CASE("on-exit none exits without running anything") {
+  auto o = Harness::Options();
+  o.run_on_exit = false;
+  Harness h(o);
+  h.StartRunning();
+  h.On(TrainerExited{100, 3, 0});
+  CHECK(Only<ExitProcess>(h.On(LeftoversGone{})).code == 3);
+}
+
+TEST_CASE("a shutdown command that hangs times out; a stop signal while finishing exits at once") {
+  Harness h;
+  h.StartRunning();
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  CHECK(Only<ExitProcess>(h.Advance(60s)).code == 0);
+  CHECK(h.Logged("shutdown.timeout"));
+
+  Harness h2;
+  h2.StartRunning();
+  h2.On(TrainerExited{100, 0, 0});
+  h2.On(LeftoversGone{});
+  CHECK(Only<ExitProcess>(h2.On(StopSignal{SIGTERM})).code == 0);
+}
+
+TEST_CASE("every phase change is one supervisor.state event naming both phases") {
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  std::vector<std::string> seen;
+  for (auto const& e : h.events) {
+    if (e.event == "supervisor.state") seen.push_back(e.fields["from"].get<std::string>() + ">" + e.fields["to"].get<std::string>());
+  }
+  CHECK(seen == std::vector<std::string>{"starting>running", "running>stopping"});
+}
+
+TEST_CASE("events for another pid (a reaped grandchild) are ignored") {
+  Harness h;
+  h.StartRunning(100);
+  CHECK(h.On(TrainerExited{555, 0, 0}).empty());
+  CHECK(h.machine.phase() == Phase::kRunning);
+}
+
+}  // namespace
+}  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("while stopping, the ladder continues until the trainer's whole group is gone") {
+  // sh -c 'python train.py': the shell dies of SIGINT at once while python
+  // is still saving its checkpoint. Python must not get SIGTERM for that.
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  h.now += 100ms;
+  CHECK(h.On(TrainerExited{100, 0, SIGINT, /*group_remaining=*/1}).empty());
+  CHECK(h.machine.phase() == Phase::kStopping);
+  CHECK(h.Logged("trainer.group_wait"));
+  CHECK(h.machine.exit_code() == 130);
+  Only<SignalLeftovers>(h.On(GroupEmpty{}));
+  CHECK(h.machine.phase() == Phase::kDraining);
+}
+
+TEST_CASE("a group that outlives the leader still gets SIGTERM and SIGKILL on schedule") {
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  h.On(TrainerExited{100, 0, SIGINT, 2});
+  CHECK(Only<SignalTrainer>(h.Advance(20s)).signo == SIGTERM);
+  CHECK(Only<SignalTrainer>(h.Advance(5s)).signo == SIGKILL);
+  Only<SignalLeftovers>(h.On(GroupEmpty{}));
+  CHECK(h.machine.exit_code() == 130);  // the leader's status stays the run's
+}
+
+TEST_CASE("in normal running, members left when the leader exits are leftovers") {
+  Harness h;
+  h.StartRunning();
+  CHECK(Only<SignalLeftovers>(h.On(TrainerExited{100, 0, 0, 3})).signo == SIGTERM);
+  CHECK(h.machine.phase() == Phase::kDraining);
+  CHECK(h.On(GroupEmpty{}).empty());
+}
+
+}  // namespace
+}  // namespace spotvisor
