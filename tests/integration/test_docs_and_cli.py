@@ -1,0 +1,69 @@
+"""The docs and --help stay true to the code."""
+import json
+import os
+import re
+import subprocess
+import unittest
+
+from harness import ROOT, SPOTVISOR
+
+
+def run(*args, env=None):
+    return subprocess.run([SPOTVISOR, *args], capture_output=True, text=True, env=env)
+
+
+class DocsTest(unittest.TestCase):
+    def test_every_key_is_documented(self):
+        out = run("config", "--json", "--config", "/nonexistent-default-ok")
+        keys = json.loads(out.stdout)["keys"]
+        doc = open(os.path.join(ROOT, "docs", "configuration.md")).read()
+        for key in keys:
+            self.assertIn(f"| `{key}` |", doc, f"key {key} missing from docs/configuration.md")
+        documented = set(re.findall(r"^\| `([a-z-]+)` \|", doc, re.M)) - {"SPOTVISOR_RUN_ID"}
+        self.assertEqual(documented - set(keys), set(), "docs/configuration.md documents keys the code does not have")
+
+    def test_every_event_name_in_the_code_is_documented(self):
+        # Event names are string literals "area.name" passed to the logger.
+        names = set()
+        for dirpath, _, files in os.walk(os.path.join(ROOT, "lib")):
+            for f in files:
+                if f.endswith(".cc") and not f.endswith("_test.cc"):
+                    src = open(os.path.join(dirpath, f)).read()
+                    names |= set(re.findall(r'(?:Log|Info|Warn|Error)\(\s*(?:LogEvent\{\s*Severity::k\w+,\s*|Severity::k\w+,\s*)?"([a-z_]+\.[a-z_]+)"', src))
+        self.assertGreater(len(names), 15, names)
+        doc = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+        missing = sorted(n for n in names if f"`{n}`" not in doc)
+        self.assertEqual(missing, [], "events missing from docs/architecture.md")
+
+
+class CliTest(unittest.TestCase):
+    def test_help_for_every_command(self):
+        for cmd in ("daemon", "run", "config", "status", "version"):
+            out = run(cmd, "--help")
+            self.assertEqual(out.returncode, 0, cmd)
+            self.assertTrue(out.stdout.startswith(f"Usage: spotvisor {cmd}"), out.stdout)
+            self.assertEqual(run("help", cmd).stdout, out.stdout)
+        self.assertIn("spotvisor daemon", run("--help").stdout)
+
+    def test_usage_errors_exit_64(self):
+        self.assertEqual(run("frobnicate").returncode, 64)
+        self.assertEqual(run().returncode, 64)
+        out = run("daemon", "--set", "a=b")
+        self.assertEqual(out.returncode, 64)
+        self.assertIn('unknown option "--set"', out.stderr)
+        self.assertEqual(run("run", "--set").returncode, 64)
+        self.assertEqual(run("run", "--set", "novalue").returncode, 64)
+        self.assertEqual(run("run", "--").returncode, 64)
+
+    def test_version(self):
+        out = run("version")
+        self.assertRegex(out.stdout, r"^spotvisor \d+\.\d+\.\d+\n$")
+
+    def test_status_without_a_daemon(self):
+        out = run("status", "--state-dir", "/nonexistent-spotvisor-state")
+        self.assertEqual(out.returncode, 4)
+        self.assertIn("no status in /nonexistent-spotvisor-state", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,116 @@
+"""Trainer output becomes structured log lines, without floods or broken JSON; the trainer's environment."""
+import json
+import os
+import pwd
+import unittest
+
+from harness import SpotvisorTestCase, FAKE_TRAINER
+
+
+class OutputTest(SpotvisorTestCase):
+    def outputs(self, p, **fields):
+        return [e for e in p.find("trainer.output", **fields)]
+
+    def test_lines_become_events_with_the_stream_named(self):
+        p = self.run_trainer(["--print", "hello out", "--stderr", "hello err", "--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0)
+        self.assertTrue(self.outputs(p, stream="stdout", message="hello out"))
+        self.assertTrue(self.outputs(p, stream="stderr", message="hello err"))
+        for raw in p.raw:
+            e = json.loads(raw)
+            self.assertIn(e["severity"], ("DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL"))
+            self.assertRegex(e["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$")
+            if e["event"] != "metadata.absent":
+                self.assertIn("run_id", e["logging.googleapis.com/labels"])
+        # The trainer's last lines come before trainer.exit.
+        names = [e["event"] for e in p.events]
+        self.assertLess(max(i for i, n in enumerate(names) if n == "trainer.output"), names.index("trainer.exit"))
+
+    def test_progress_bars_are_collapsed(self):
+        # 1000 \r-updates within about a second, progress-interval 5s: the
+        # first update and the final line, not a thousand entries.
+        p = self.run_trainer(["--progress", "1000", "--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0)
+        lines = self.outputs(p, stream="stdout")
+        progress = [e for e in lines if e.get("progress")]
+        self.assertLessEqual(len(progress), 2, [e["message"] for e in progress])
+        self.assertGreaterEqual(len(progress), 1)
+        self.assertTrue(any("100/100" in e["message"] and not e.get("progress") for e in lines),
+                        [e["message"] for e in lines])
+
+    def test_long_lines_are_truncated_and_invalid_utf8_escaped(self):
+        p = self.run_trainer(["--long-line", "100000", "--invalid-utf8", "--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0)
+        long = [e for e in self.outputs(p) if e.get("truncated_bytes")]
+        self.assertEqual(len(long), 1)
+        self.assertEqual(len(long[0]["message"]), 16384)
+        self.assertEqual(long[0]["truncated_bytes"], 100000 - 16384)
+        self.assertTrue(any("\\xff" in e["message"] for e in self.outputs(p)), [e["message"][:80] for e in self.outputs(p)])
+
+    def test_the_trainer_environment(self):
+        self.metadata.set("instance/attributes/spotvisor-env", "LR=0.01\nEXPERIMENT=baseline")
+        p = self.run_trainer(["--print-env", "--run-for", "10"], sets={"run-id": "exp-7"})
+        self.assertEqual(p.wait_exit(), 0)
+        env = dict(e["message"].split("=", 1) for e in self.outputs(p, stream="stdout") if "=" in e["message"])
+        self.assertEqual(env["SPOTVISOR_RUN_ID"], "exp-7")
+        self.assertEqual(env["SPOTVISOR_CHECKPOINT_DIR"], self.path("ckpt"))
+        self.assertEqual(env["AIP_CHECKPOINT_DIR"], self.path("ckpt"))
+        self.assertEqual(env["LR"], "0.01")
+        self.assertEqual(env["EXPERIMENT"], "baseline")
+        self.assertNotIn("NOTIFY_SOCKET", env)
+        self.assertTrue(os.path.isdir(self.path("ckpt")), "checkpoint-dir is created")
+
+    def test_shell_form_from_metadata_expands_env(self):
+        self.metadata.set("instance/attributes/spotvisor-command", 'echo "lr=${LR} run=${SPOTVISOR_RUN_ID}"')
+        self.metadata.set("instance/attributes/spotvisor-env", "LR=0.5")
+        p = self.start(["run"] + self.base_sets())
+        self.assertEqual(p.wait_exit(), 0)
+        self.assertTrue(self.outputs(p, message="lr=0.5 run=spotvisor-test"), "run-id defaults to the instance name")
+
+    @unittest.skipUnless(os.geteuid() == 0, "switching users needs root")
+    def test_the_trainer_runs_as_the_configured_user(self):
+        nobody = pwd.getpwnam("nobody")
+        self.metadata.set("instance/attributes/spotvisor-command", "id -u; id -g; echo home=$HOME; pwd")
+        self.metadata.set("instance/attributes/spotvisor-user", "nobody")
+        os.chmod(self.tmp, 0o755)
+        p = self.start(["run"] + self.base_sets(workdir=self.path("work")))
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw))
+        out = [e["message"] for e in self.outputs(p, stream="stdout")]
+        self.assertEqual(out, [str(nobody.pw_uid), str(nobody.pw_gid), f"home={nobody.pw_dir}", self.path("work")])
+        self.assertEqual(os.stat(self.path("work")).st_uid, nobody.pw_uid, "a workdir we create belongs to the user")
+        self.assertEqual(os.stat(self.path("ckpt")).st_uid, nobody.pw_uid)
+
+
+class WithoutMetadataTest(SpotvisorTestCase):
+    def test_run_without_a_metadata_server_still_supervises(self):
+        # Point at a closed port through the documented override, but
+        # without GCE_METADATA_HOST set `run` treats metadata as optional:
+        # we can only simulate "absent" by leaving the default address,
+        # which on this machine does not answer like a metadata server.
+        p = self.run_trainer(["--print", "hi", "--run-for", "10"], metadata=False)
+        self.assertEqual(p.wait_exit(), 0)
+        p.wait_event("metadata.absent")
+        self.assertTrue(p.find("trainer.output", message="hi"))
+
+
+class DaemonTest(SpotvisorTestCase):
+    def test_daemon_waits_for_the_metadata_server(self):
+        out = self.path("shutdown")
+        conf = self.write_config(
+            f'shutdown-command = "echo off >> {out}"\nstate-dir = {self.path("state")}\n'
+            f'checkpoint-dir = {self.path("ckpt")}\n')
+        self.metadata.set("instance/attributes/spotvisor-command", f"{FAKE_TRAINER} --run-for 10 --exit-code 4")
+        self.metadata.fault("status", code=503)
+        p = self.start(["daemon", "--config", conf])
+        p.wait_event("metadata.unavailable")
+        self.assertTrue(self.metadata.wait_for_hits("instance/attributes", 3, 20), "retries with backoff")
+        self.assertEqual(len(p.find("metadata.unavailable")), 1, "logged once per failure streak")
+        self.metadata.fault("none")
+        self.assertEqual(p.wait_exit(), 4)
+        p.wait_event("metadata.recovered")
+        self.assertEqual(open(out).read(), "off\n", "daemon mode powers off by default")
+        self.assertEqual(p.wait_event("run.start")["mode"], "daemon")
+
+
+if __name__ == "__main__":
+    unittest.main()
