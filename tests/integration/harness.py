@@ -164,6 +164,10 @@ class SpotvisorTestCase(unittest.TestCase):
             f.write(text)
         return p
 
+    def read(self, name):
+        with open(self.path(name)) as f:
+            return f.read()
+
     def marker_lines(self, name="marker"):
         try:
             with open(self.path(name)) as f:

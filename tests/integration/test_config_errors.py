@@ -13,7 +13,10 @@ class ConfigErrorTest(SpotvisorTestCase):
         cmd = ["run"]
         if config:
             cmd += ["--config", config]
-        cmd += self.base_sets() + (args or [])
+        # Only the directories on the command line: --set is the top layer and
+        # would hide the bad values these tests put in lower layers.
+        cmd += ["--set", f"state-dir={self.path('state')}", "--set", f"checkpoint-dir={self.path('ckpt')}"]
+        cmd += args or []
         if trainer is not False:
             cmd += ["--", FAKE_TRAINER, "--marker-file", marker]
         p = self.start(cmd)
@@ -90,7 +93,7 @@ class ConfigErrorTest(SpotvisorTestCase):
         self.metadata.set("instance/attributes/spotvisor-kill-timeout", "soon")
         p = self.start(["daemon", "--config", conf])
         self.assertEqual(p.wait_exit(), 78)
-        self.assertEqual(open(out).read(), "off\n")
+        self.assertEqual(self.read(out), "off\n")
         self.assertEqual(p.wait_event("run.end")["reason"], "config-error")
 
 

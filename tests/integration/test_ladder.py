@@ -25,7 +25,9 @@ class LadderTest(SpotvisorTestCase):
         sigint = p.wait_event("trainer.signal", signal="SIGINT")
         sigterm = p.wait_event("trainer.signal", signal="SIGTERM")
         gap = ts(sigterm) - ts(sigint)
-        self.assertGreaterEqual(gap, 1.0, "escalated before stop-timeout")
+        # Timestamps are taken when each line is logged, a hair after the
+        # deadline was computed: allow 50 ms, far below a real early escalation.
+        self.assertGreaterEqual(gap, 0.95, "escalated before stop-timeout")
         self.assertLess(gap, 3.0, "escalation far later than stop-timeout")
         self.assertFalse(p.find("trainer.signal", signal="SIGKILL"))
 
@@ -35,7 +37,7 @@ class LadderTest(SpotvisorTestCase):
         self.assertEqual(p.wait_exit(), 137)
         sigterm = p.wait_event("trainer.signal", signal="SIGTERM")
         sigkill = p.wait_event("trainer.signal", signal="SIGKILL")
-        self.assertGreaterEqual(ts(sigkill) - ts(sigterm), 1.0)
+        self.assertGreaterEqual(ts(sigkill) - ts(sigterm), 0.95)
         self.assertEqual(p.wait_event("trainer.exit")["signal"], "SIGKILL")
         self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
 
@@ -43,7 +45,7 @@ class LadderTest(SpotvisorTestCase):
         pidfile = self.path("pids")
         p = self.run_trainer(["--spawn-grandchildren", "2", "--spawn-escapee", "--pid-file", pidfile, "--run-for", "300"])
         self.assertEqual(p.wait_exit(), 0)
-        pids = [int(x) for x in open(pidfile).read().split()]
+        pids = [int(x) for x in self.read(pidfile).split()]
         self.assertEqual(len(pids), 3)
         for pid in pids:
             self.assertFalse(pid_alive(pid), f"descendant {pid} outlived spotvisor")
@@ -70,7 +72,7 @@ class LadderTest(SpotvisorTestCase):
         out = self.path("shutdown")
         p = self.run_trainer(["--run-for", "10"], sets={"on-exit": "poweroff", "shutdown-command": f"echo ran >> {out}"})
         self.assertEqual(p.wait_exit(), 0)
-        self.assertEqual(open(out).read(), "ran\n")
+        self.assertEqual(self.read(out), "ran\n")
         names = [e["event"] for e in p.events]
         self.assertLess(names.index("run.end"), names.index("shutdown.start"))
         self.assertLess(names.index("shutdown.start"), names.index("shutdown.done"))
@@ -80,7 +82,7 @@ class LadderTest(SpotvisorTestCase):
         p = self.run_trainer([], sets={"on-exit": "poweroff", "shutdown-command": f"echo ran >> {out}"})
         self.preempt(p)
         self.assertEqual(p.wait_exit(), 130)
-        self.assertEqual(open(out).read(), "ran\n")
+        self.assertEqual(self.read(out), "ran\n")
 
     def test_status_file_follows_the_run(self):
         p = self.run_trainer([])

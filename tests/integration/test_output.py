@@ -35,7 +35,7 @@ class OutputTest(SpotvisorTestCase):
         progress = [e for e in lines if e.get("progress")]
         self.assertLessEqual(len(progress), 2, [e["message"] for e in progress])
         self.assertGreaterEqual(len(progress), 1)
-        self.assertTrue(any("100/100" in e["message"] and not e.get("progress") for e in lines),
+        self.assertTrue(any("1000/1000" in e["message"] and not e.get("progress") for e in lines),
                         [e["message"] for e in lines])
 
     def test_long_lines_are_truncated_and_invalid_utf8_escaped(self):
@@ -108,7 +108,7 @@ class DaemonTest(SpotvisorTestCase):
         self.metadata.fault("none")
         self.assertEqual(p.wait_exit(), 4)
         p.wait_event("metadata.recovered")
-        self.assertEqual(open(out).read(), "off\n", "daemon mode powers off by default")
+        self.assertEqual(self.read(out), "off\n", "daemon mode powers off by default")
         self.assertEqual(p.wait_event("run.start")["mode"], "daemon")
 
 
