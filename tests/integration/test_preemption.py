@@ -7,9 +7,16 @@ from harness import SpotvisorTestCase, FAKE_TRAINER, wait_until
 
 class PreemptionTest(SpotvisorTestCase):
     def start_trainer(self, **sets):
+        # The real 60s poll timeout: a watcher that lost track of the ETag
+        # would only notice a flip when its poll times out, well after WAIT.
+        sets.setdefault("metadata-watch-timeout", "60s")
         p = self.run_trainer(["--marker-file", self.path("marker"), "--sigint-exit-delay", "100"], sets=sets)
         p.wait_event("trainer.start")
         return p
+
+    def end_parked_poll(self):
+        """Deleting the key answers the parked long-poll with 404 at once."""
+        self.metadata.delete("instance/preempted")
 
     def assert_preempted(self, p):
         code = p.wait_exit()
@@ -37,12 +44,12 @@ class PreemptionTest(SpotvisorTestCase):
         # With every poll answered 503, the watcher sits in backoff between
         # requests when the flip happens: no long-poll is parked to see it.
         # Only last_etag makes the next poll answer at once.
-        p = self.start_trainer(**{"metadata-watch-timeout": "1s"})
+        p = self.start_trainer()
         self.wait_parked()
         self.metadata.fault("status", code=503, path_prefix="instance/preempted")
         self.metadata.reset_log()
-        # The parked poll ends by its timeout_sec; the next ones get 503s.
-        self.assertTrue(self.metadata.wait_for_hits("instance/preempted", 2, 20))
+        self.end_parked_poll()
+        self.assertTrue(self.metadata.wait_for_hits("instance/preempted", 3, 20))
         self.assertEqual(self.metadata.waiters("instance/preempted"), 0)
         self.metadata.set("instance/preempted", "TRUE")
         self.metadata.fault("none")
@@ -77,15 +84,17 @@ class PreemptionTest(SpotvisorTestCase):
         p = self.start_trainer()
         self.wait_parked()
         self.metadata.fault("reset")
+        self.end_parked_poll()
         self.metadata.set("instance/preempted", "TRUE")
         p.wait_event("metadata.unavailable", path="instance/preempted")
         self.metadata.fault("none")
         self.assert_preempted(p)
 
     def test_responses_without_metadata_flavor_are_not_believed(self):
-        p = self.start_trainer(**{"metadata-watch-timeout": "1s"})
+        p = self.start_trainer()
         self.wait_parked()
         self.metadata.fault("no-flavor")  # answers from now on lack the header
+        self.end_parked_poll()
         e = p.wait_event("metadata.unavailable", path="instance/preempted")
         self.assertIn("Metadata-Flavor", e["error"])
         self.metadata.set("instance/preempted", "TRUE")
