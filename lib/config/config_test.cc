@@ -174,7 +174,7 @@ TEST_CASE("run-id must be usable in object names and labels") {
   CHECK(ResolveConfig(in).errors.empty());
 }
 
-TEST_CASE("--set parsing") {
+TEST_CASE("parsing of the set flag") {
   CHECK(*ParseSetFlag("a=b=c") == std::make_pair(std::string("a"), std::string("b=c")));
   CHECK_FALSE(ParseSetFlag("novalue").ok());
   CHECK_FALSE(ParseSetFlag("=x").ok());
