@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "config/keys.h"
+#include "log/async_sink.h"
 #include "metadata/watcher.h"
 #include "process/spawn.h"
 #include "process/user.h"
@@ -103,11 +104,8 @@ std::vector<std::string> BaseEnv(const std::optional<UserInfo>& user) {
 
 void SetUpLogging(Logger& logger, LogFormat format) {
   logger.ClearSinks();
-  if (format == LogFormat::kText || (format == LogFormat::kAuto && isatty(STDOUT_FILENO))) {
-    logger.AddSink(MakeTextSink(stdout));
-  } else {
-    logger.AddSink(MakeJsonSink(stdout));
-  }
+  bool text = format == LogFormat::kText || (format == LogFormat::kAuto && isatty(STDOUT_FILENO));
+  logger.AddSink(std::make_unique<AsyncSink>(text ? MakeTextSink(stdout) : MakeJsonSink(stdout)));
 }
 
 std::string OnExitValue(const ConfigResult& r, Mode mode) {

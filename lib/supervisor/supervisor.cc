@@ -33,14 +33,21 @@ class Supervisor::OutputPump {
     fd_.non_blocking(true);
   }
 
+  // 16 x 64 KiB per wakeup; leftovers may keep a dead trainer's pipe open
+  // and busy, so even the final drain is bounded (16 MiB).
+  static constexpr int kReadsPerWakeup = 16;
+  static constexpr int kReadsAtExit = 256;
+
   void Start() { ReadMore(); }
   bool done() const { return done_; }
 
-  // Reads whatever is already in the pipe, without waiting: called when the
-  // trainer has exited, so its last lines are logged before trainer.exit.
-  void DrainNow() {
+  // Reads what is already in the pipe, without waiting, but at most
+  // `max_reads` chunks: a trainer flooding its output must not keep the loop
+  // from handling a preemption. Also called when the trainer has exited, so
+  // its last lines are logged before trainer.exit.
+  void DrainNow(int max_reads = kReadsPerWakeup) {
     char buf[65536];
-    for (;;) {
+    for (int i = 0; i < max_reads; ++i) {
       boost::system::error_code ec;
       std::size_t n = fd_.read_some(asio::buffer(buf), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) return;
@@ -235,7 +242,7 @@ void Supervisor::Reap() {
     if (pid <= 0) break;
     if (pid == trainer_pid_) {
       trainer_reaped_ = true;
-      for (auto& p : pumps_) p->DrainNow();
+      for (auto& p : pumps_) p->DrainNow(OutputPump::kReadsAtExit);
       Dispatch(TrainerExited{pid, WIFEXITED(status) ? WEXITSTATUS(status) : 0,
                              WIFSIGNALED(status) ? WTERMSIG(status) : 0,
                              static_cast<int>(ListProcessGroup(trainer_pid_).size())});

@@ -1,5 +1,6 @@
 """Preemption reaches the trainer as SIGINT, however the metadata server behaves."""
 import os
+import time
 import unittest
 
 from harness import SpotvisorTestCase, FAKE_TRAINER, wait_until
@@ -100,6 +101,21 @@ class PreemptionTest(SpotvisorTestCase):
         self.metadata.set("instance/preempted", "TRUE")
         self.metadata.fault("none")
         self.assert_preempted(p)
+
+    def test_a_trainer_flooding_its_output_is_still_stopped(self):
+        p = self.run_trainer(["--marker-file", self.path("marker"), "--flood", "3000000"])
+        p.wait_event("trainer.output")
+        self.wait_parked()
+        flipped_ns = time.time_ns()
+        self.metadata.set("instance/preempted", "TRUE")
+        # The fake trainer keeps flooding until it is done (then it would exit
+        # 130), so it may well be SIGKILLed; what matters is that the flood
+        # did not keep spotvisor from delivering SIGINT well inside the ladder.
+        self.assertIn(p.wait_exit(), (130, 137))
+        sigint = [l for l in self.marker_lines() if l.startswith("sigint ")]
+        self.assertTrue(sigint, self.marker_lines())
+        handled_ns = int(sigint[0].split("realtime_ns=")[1].split()[0])
+        self.assertLess((handled_ns - flipped_ns) / 1e9, 5.0, "SIGINT arrived after stop-timeout")
 
     def test_already_preempted_at_startup_never_starts_the_trainer(self):
         self.metadata.set("instance/preempted", "TRUE")
