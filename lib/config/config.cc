@@ -157,28 +157,19 @@ class Resolver {
     }
   }
 
-  void LogFormatKey(Config& c) {
-    auto v = Trim(Get("log-format").value);
-    if (v == "auto") {
-      c.log_format = LogFormat::kAuto;
-    } else if (v == "json") {
-      c.log_format = LogFormat::kJson;
-    } else if (v == "text") {
-      c.log_format = LogFormat::kText;
-    } else {
-      Error("log-format", fmt::format("\"{}\" is not one of: auto, json, text", v));
+  // A key whose value is one of a fixed set of words.
+  template <typename T>
+  void OneOf(const std::string& key, std::initializer_list<std::pair<const char*, T>> choices, T& out) {
+    auto v = Trim(Get(key).value);
+    std::string names;
+    for (auto const& [name, value] : choices) {
+      if (v == name) {
+        out = value;
+        return;
+      }
+      names += (names.empty() ? "" : ", ") + std::string(name);
     }
-  }
-
-  void OnExitKey(Config& c) {
-    auto v = Trim(Get("on-exit").value);
-    if (v == "poweroff") {
-      c.on_exit = OnExit::kPoweroff;
-    } else if (v == "none") {
-      c.on_exit = OnExit::kNone;
-    } else {
-      Error("on-exit", fmt::format("\"{}\" is not one of: poweroff, none", v));
-    }
+    Error(key, fmt::format("\"{}\" is not one of: {}", v, names));
   }
 
  private:
@@ -244,8 +235,9 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   if (c.metadata_watch_timeout < std::chrono::seconds(1)) {
     res.Error("metadata-watch-timeout", "must be at least 1s (the metadata server counts whole seconds)");
   }
-  res.OnExitKey(c);
-  res.LogFormatKey(c);
+  res.OneOf<OnExit>("on-exit", {{"poweroff", OnExit::kPoweroff}, {"none", OnExit::kNone}}, c.on_exit);
+  res.OneOf<LogFormat>("log-format", {{"auto", LogFormat::kAuto}, {"json", LogFormat::kJson}, {"text", LogFormat::kText}},
+                       c.log_format);
   c.shutdown_command = std::string(Trim(res.Get("shutdown-command").value));
   if (c.on_exit == OnExit::kPoweroff && c.shutdown_command.empty()) {
     res.Error("shutdown-command", "is empty, but on-exit is poweroff");
