@@ -1,6 +1,7 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cctype>
 #include <mutex>
 
@@ -21,8 +22,18 @@ using EasyPtr = std::unique_ptr<CURL, decltype(&curl_easy_cleanup)>;
 using MultiPtr = std::unique_ptr<CURLM, decltype(&curl_multi_cleanup)>;
 using SlistPtr = std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)>;
 
+struct BodyTarget {
+  HttpResponse* response;
+  const HttpRequest* request;
+};
+
 std::size_t OnBody(char* data, std::size_t size, std::size_t n, void* user) {
-  static_cast<HttpResponse*>(user)->body.append(data, size * n);
+  auto* t = static_cast<BodyTarget*>(user);
+  // OnHeader parsed the status line before any body byte arrives.
+  if (t->request->on_body && t->response->status / 100 == 2) {
+    return t->request->on_body(std::string_view(data, size * n)) ? size * n : 0;
+  }
+  t->response->body.append(data, size * n);
   return size * n;
 }
 
@@ -36,7 +47,10 @@ std::size_t OnHeader(char* data, std::size_t size, std::size_t n, void* user) {
     static_cast<HttpResponse*>(user)->headers[name] = std::string(Trim(line.substr(colon + 1)));
   } else if (StartsWith(line, "HTTP/")) {
     // A new status line (after a redirect or 100-continue) starts afresh.
-    static_cast<HttpResponse*>(user)->headers.clear();
+    auto* r = static_cast<HttpResponse*>(user);
+    r->headers.clear();
+    auto sp = line.find(' ');
+    r->status = sp == std::string_view::npos ? 0 : std::atol(std::string(line.substr(sp + 1, 3)).c_str());
   }
   return size * n;
 }
@@ -77,8 +91,13 @@ class CurlHttpClient final : public HttpClient {
       curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
     }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
+    BodyTarget target{&response, &request};
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &response);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &target);
+    if (request.low_speed_limit > 0) {
+      curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, request.low_speed_limit);
+      curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
+    }
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &OnHeader);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &response);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error);

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +25,13 @@ struct HttpRequest {
   std::string body;
   std::chrono::milliseconds timeout{30'000};
   std::chrono::milliseconds connect_timeout{5'000};
+  // When set, a 2xx response body is handed over in pieces instead of being
+  // kept in HttpResponse::body (downloads of large objects). Returning false
+  // aborts the transfer. Error bodies are always kept, for messages.
+  std::function<bool(std::string_view)> on_body;
+  // Abort if slower than this many bytes/s for 30 s (0: off); a stalled
+  // connection must fail, not hang until `timeout`.
+  long low_speed_limit = 0;
 };
 
 struct HttpResponse {

@@ -1,0 +1,50 @@
+// Cloud Storage through its JSON API over libcurl: multipart upload (with
+// the crc32c in the metadata) for small files, resumable upload in chunks
+// that are multiples of 256 KiB for large ones (308 handling, resuming after
+// a dropped connection by querying the session), list with paging,
+// alt=media downloads streamed to disk and checked against their crc32c,
+// delete, ifGenerationMatch preconditions.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "http/http_client.h"
+#include "retry/backoff_policy.h"
+#include "retry/retry_policy.h"
+#include "retry/sleeper.h"
+#include "storage/object_store.h"
+#include "storage/token_provider.h"
+
+namespace spotvisor {
+
+struct GcsOptions {
+  std::string endpoint = "https://storage.googleapis.com";  // requests append /storage/v1/...
+  std::string bucket;
+  std::string prefix;  // object names are PREFIX/NAME
+  std::size_t multipart_max_bytes = 8u << 20;  // larger files use a resumable upload
+  std::size_t chunk_bytes = 16u << 20;         // multiple of 256 KiB
+  std::function<std::unique_ptr<HttpClient>()> make_http = MakeCurlHttpClient;
+  // Retry: which errors and for how long; jittered exponential delays;
+  // waits go through `sleeper` (cancelled at shutdown). Google's guidance:
+  // retry 408, 429, 5xx, resets and timeouts, only for idempotent requests.
+  std::function<std::unique_ptr<RetryPolicy>()> make_retry;
+  std::function<std::unique_ptr<BackoffPolicy>()> make_backoff;
+  Sleeper* sleeper = nullptr;
+};
+
+// The endpoint to use: STORAGE_EMULATOR_HOST (with or without a scheme)
+// wins over `configured`, and turns authentication off, as in Google's
+// client libraries. `auth` is set to false in that case.
+std::string StorageEndpoint(const std::string& configured, bool& auth);
+
+std::unique_ptr<ObjectStore> MakeGcsObjectStore(GcsOptions options, std::unique_ptr<TokenProvider> tokens);
+
+// Percent-encodes everything but unreserved characters ('/' becomes %2F).
+std::string UrlEncode(std::string_view s);
+
+}  // namespace spotvisor

@@ -1,0 +1,38 @@
+#include "storage/object_store.h"
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+
+namespace spotvisor {
+
+StatusOr<StoreLocation> ParseStoreLocation(const std::string& url) {
+  StoreLocation loc;
+  if (StartsWith(url, "gs://")) {
+    std::string rest = url.substr(5);
+    auto slash = rest.find('/');
+    loc.scheme = "gs";
+    loc.bucket = rest.substr(0, slash);
+    if (slash != std::string::npos) loc.prefix = rest.substr(slash + 1);
+    while (!loc.prefix.empty() && loc.prefix.back() == '/') loc.prefix.pop_back();
+    // Bucket names: 3-63 (or up to 222 with dots) of a-z 0-9 - _ .
+    bool ok = loc.bucket.size() >= 3 && loc.bucket.size() <= 222;
+    for (char c : loc.bucket) {
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.');
+    }
+    if (!ok) return InvalidArgumentError(fmt::format("\"{}\" is not a valid bucket name", loc.bucket));
+    if (loc.prefix.find("//") != std::string::npos) {
+      return InvalidArgumentError(fmt::format("\"{}\": empty path segment in the prefix", url));
+    }
+    return loc;
+  }
+  if (StartsWith(url, "file:///")) {
+    loc.scheme = "file";
+    loc.prefix = url.substr(7);
+    while (loc.prefix.size() > 1 && loc.prefix.back() == '/') loc.prefix.pop_back();
+    return loc;
+  }
+  return InvalidArgumentError(fmt::format("\"{}\" is not gs://BUCKET[/PREFIX] or file:///PATH", url));
+}
+
+}  // namespace spotvisor

@@ -1,0 +1,57 @@
+// Where checkpoints are kept: a Cloud Storage bucket through the JSON API, or
+// a local directory (file:// for local use and the demo). The sync engine
+// only sees this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace spotvisor {
+
+struct ObjectInfo {
+  std::string name;  // relative to the store's root (bucket prefix)
+  std::int64_t generation = 0;
+  std::uint64_t size = 0;
+  std::uint32_t crc32c = 0;
+};
+
+struct Precondition {
+  // Write or delete only if the live object has this generation; 0 means
+  // "only if there is no such object". Failure is kFailedPrecondition.
+  std::optional<std::int64_t> if_generation_match;
+};
+
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+  // Uploads a local file. The crc32c computed while reading is sent along,
+  // so the server rejects corrupted bytes, and is returned in ObjectInfo.
+  virtual StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path,
+                                          const Precondition& pre) = 0;
+  virtual StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data,
+                                           const Precondition& pre) = 0;
+  // kNotFound when there is no such object.
+  virtual StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info = nullptr) = 0;
+  // Streams to `path` (which must not exist yet) and verifies the crc32c.
+  virtual StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path) = 0;
+  virtual StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) = 0;
+  // Deleting an object that is already gone is not an error.
+  virtual Status Delete(const std::string& name, const Precondition& pre) = 0;
+  // "gs://bucket/prefix" or "file:///dir", for messages.
+  virtual std::string Describe() const = 0;
+};
+
+// bucket = "gs://BUCKET[/PREFIX]" or "file:///PATH".
+struct StoreLocation {
+  std::string scheme;  // "gs" or "file"
+  std::string bucket;  // gs only
+  std::string prefix;  // gs: object name prefix, no leading/trailing '/'; file: the directory
+};
+StatusOr<StoreLocation> ParseStoreLocation(const std::string& url);
+
+}  // namespace spotvisor
