@@ -11,7 +11,7 @@ namespace spotvisor {
 
 std::string StatusFilePath(const std::string& state_dir) { return state_dir + "/status.json"; }
 
-Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+Status WriteFileAtomically(const std::string& path, const std::string& contents, bool durable) {
   std::string tmp = path + ".tmp." + std::to_string(getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, "creating " + tmp);
@@ -27,7 +27,7 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
     }
     done += static_cast<std::size_t>(n);
   }
-  if (fsync(fd) != 0 || close(fd) != 0) {
+  if ((durable && fsync(fd) != 0) || close(fd) != 0) {
     int err = errno;
     unlink(tmp.c_str());
     return ErrnoToStatus(err, "flushing " + tmp);
@@ -41,7 +41,7 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents)
 }
 
 Status WriteStatusFile(const std::string& state_dir, const nlohmann::json& status) {
-  return WriteFileAtomically(StatusFilePath(state_dir), status.dump(2) + "\n");
+  return WriteFileAtomically(StatusFilePath(state_dir), status.dump(2) + "\n", /*durable=*/false);
 }
 
 StatusOr<nlohmann::json> ReadStatusFile(const std::string& state_dir) {

@@ -1,6 +1,7 @@
 // STATE_DIR/status.json: the daemon's current state for `spotvisor status`,
-// replaced atomically (write a temporary file, fsync, rename) so a reader
-// never sees half of it.
+// replaced atomically (write a temporary file, rename) so a reader never
+// sees half of it. Not fsync'ed: it lives on tmpfs (/run) and describes a
+// running process, and an fsync here once delayed the SIGINT to the trainer.
 #pragma once
 
 #include <string>
@@ -11,7 +12,9 @@
 
 namespace spotvisor {
 
-Status WriteFileAtomically(const std::string& path, const std::string& contents);
+// Readers see the old or the new contents, never a mix. `durable` adds an
+// fsync, for data that must survive a power cut (not needed for status).
+Status WriteFileAtomically(const std::string& path, const std::string& contents, bool durable = true);
 Status WriteStatusFile(const std::string& state_dir, const nlohmann::json& status);
 StatusOr<nlohmann::json> ReadStatusFile(const std::string& state_dir);
 std::string StatusFilePath(const std::string& state_dir);

@@ -161,6 +161,11 @@ void Supervisor::NotifyMaintenance(const std::string& value) {
 void Supervisor::Dispatch(const Event& e) {
   if (exited_) return;
   for (auto const& a : machine_.Handle(e, clock_.Now())) Execute(a);
+  // status.json once, after the actions: nothing may delay a signal.
+  if (last_machine_event_) {
+    WriteStatus(*last_machine_event_);
+    last_machine_event_.reset();
+  }
   ArmDeadline();
 }
 
@@ -315,7 +320,7 @@ void Supervisor::Exit(int code) {
 void Supervisor::OnMachineEvent(LogEvent e) {
   if (e.event == "supervisor.state") phase_since_ = clock_.WallNow();
   logger_.Log(e);
-  WriteStatus(e);
+  last_machine_event_ = std::move(e);
 }
 
 void Supervisor::WriteStatus(const LogEvent& last) {

@@ -75,6 +75,7 @@ class Supervisor {
   bool exited_ = false;
   int exit_code_ = 0;
   WallTime phase_since_{};
+  std::optional<LogEvent> last_machine_event_;  // written to status.json after the actions
   std::string status_error_;  // last status.json write failure, logged once
 };
 

@@ -92,6 +92,19 @@ class Spotvisor:
                     raise AssertionError(f"no {name} {fields} event; log:\n" + "".join(self.raw[-40:]) + self.stderr)
                 self._cv.wait(min(left, 0.2))
 
+    def wait_trainer_ready(self, timeout=WAIT):
+        """The fake trainer prints its 'started' line after installing its
+        signal handlers; a signal sent before that would just kill it."""
+        self.wait_event("trainer.start", timeout)
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not any(e.get("event") == "trainer.output" and e.get("message", "").startswith("fake_trainer started")
+                          for e in self.events):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    raise AssertionError("the fake trainer never said it started; log:\n" + "".join(self.raw[-40:]))
+                self._cv.wait(min(left, 0.2))
+
     def wait_exit(self, timeout=WAIT):
         try:
             code = self.proc.wait(timeout)

@@ -13,7 +13,7 @@ def ts(event):
 
 class LadderTest(SpotvisorTestCase):
     def preempt(self, p):
-        p.wait_event("trainer.start")
+        p.wait_trainer_ready()
         self.wait_parked()
         self.metadata.set("instance/preempted", "TRUE")
 
@@ -86,7 +86,7 @@ class LadderTest(SpotvisorTestCase):
 
     def test_status_file_follows_the_run(self):
         p = self.run_trainer([])
-        p.wait_event("trainer.start")
+        p.wait_trainer_ready()
         status_path = self.path("state/status.json")
         import json
         st = wait_until(lambda: os.path.exists(status_path) and json.load(open(status_path)), what="status.json")

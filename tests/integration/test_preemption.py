@@ -12,7 +12,7 @@ class PreemptionTest(SpotvisorTestCase):
         # would only notice a flip when its poll times out, well after WAIT.
         sets.setdefault("metadata-watch-timeout", "60s")
         p = self.run_trainer(["--marker-file", self.path("marker"), "--sigint-exit-delay", "100"], sets=sets)
-        p.wait_event("trainer.start")
+        p.wait_trainer_ready()
         return p
 
     def end_parked_poll(self):
