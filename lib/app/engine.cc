@@ -13,7 +13,10 @@
 
 #include <fmt/format.h>
 
+#include "common/duration.h"
 #include "config/keys.h"
+#include "storage/file_object_store.h"
+#include "storage/gcs_object_store.h"
 #include "log/async_sink.h"
 #include "metadata/watcher.h"
 #include "process/spawn.h"
@@ -152,6 +155,33 @@ std::unique_ptr<MetadataClient> NewMetadataClient(Mode mode) {
   return MakeMetadataClient(endpoint, MakeCurlHttpClient());
 }
 
+std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapshot& metadata, Mode mode,
+                                           const Clock& clock) {
+  auto loc = ParseStoreLocation(c.bucket);  // validated with the config
+  std::unique_ptr<ObjectStore> store;
+  if (loc->scheme == "file") {
+    store = MakeFileObjectStore(loc->prefix + "/" + c.run_id);
+  } else {
+    GcsOptions o;
+    bool auth = true;
+    o.endpoint = StorageEndpoint(c.storage_endpoint, auth);
+    o.bucket = loc->bucket;
+    o.prefix = loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id;
+    // Google's guidance: exponential backoff with jitter; a sync gives up
+    // after two minutes (the next periodic sync tries again).
+    o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
+    o.make_backoff = [] {
+      return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
+    };
+    std::unique_ptr<TokenProvider> tokens =
+        auth ? std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock))
+             : MakeNoAuthTokenProvider();
+    store = MakeGcsObjectStore(std::move(o), std::move(tokens));
+  }
+  SyncOptions so{c.checkpoint_dir, c.run_id, metadata.instance_name, c.sync_parallelism, c.sync_settle};
+  return std::make_shared<SyncEngine>(std::move(store), std::move(so), clock);
+}
+
 }  // namespace
 
 StatusOr<MetadataSnapshot> LoadMetadata(MetadataClient& client, bool required, Logger& logger, Sleeper& sleeper) {
@@ -245,6 +275,7 @@ int RunEngine(const EngineOptions& options) {
   // Installed first and kept to the end, so no SIGTERM ever meets a default
   // handler: during bootstrap it cancels the wait for metadata.
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
+  signals.add(SIGUSR1);  // `spotvisor sync`: sync checkpoints now
 
   CancellableSleeper sleeper;
   auto metadata_client = NewMetadataClient(options.mode);
@@ -259,7 +290,7 @@ int RunEngine(const EngineOptions& options) {
   });
   std::function<void(boost::system::error_code, int)> on_signal = [&](boost::system::error_code ec, int signo) {
     if (ec) return;
-    if (signo == SIGCHLD) {
+    if (signo == SIGCHLD || signo == SIGUSR1) {
       signals.async_wait(on_signal);
       return;
     }
@@ -300,6 +331,13 @@ int RunEngine(const EngineOptions& options) {
   so.maintenance_terminate = metadata.maintenance.value == "TERMINATE_ON_HOST_MAINTENANCE";
   if (auto u = LookupUser(config.user); u.ok() && u->uid != geteuid()) so.user = *u;
   so.base_env = BaseEnv(so.user);
+  if (!config.bucket.empty()) {
+    so.sync = MakeSyncEngine(config, metadata, options.mode, clock);
+    logger.Info("sync.configured",
+                fmt::format("checkpoints in {} are synced to {} every {}", config.checkpoint_dir, so.sync->Describe(),
+                            config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),
+                {{"bucket", so.sync->Describe()}});
+  }
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 
   std::vector<std::unique_ptr<MetadataWatcher>> watchers;

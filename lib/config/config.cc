@@ -8,6 +8,7 @@
 #include "common/duration.h"
 #include "common/strings.h"
 #include "config/keys.h"
+#include "storage/object_store.h"
 
 namespace spotvisor {
 namespace {
@@ -242,6 +243,27 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   if (c.on_exit == OnExit::kPoweroff && c.shutdown_command.empty()) {
     res.Error("shutdown-command", "is empty, but on-exit is poweroff");
   }
+  c.bucket = std::string(Trim(res.Get("bucket").value));
+  if (!c.bucket.empty()) {
+    if (auto loc = ParseStoreLocation(c.bucket); !loc.ok()) res.Error("bucket", loc.status().message());
+  }
+  c.sync_interval = res.Duration("sync-interval", c.sync_interval);
+  c.sync_settle = res.Duration("sync-settle", c.sync_settle);
+  {
+    auto v = std::string(Trim(res.Get("sync-parallelism").value));
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1 || n > 64) {
+      res.Error("sync-parallelism", fmt::format("\"{}\" is not a whole number from 1 to 64", v));
+    } else {
+      c.sync_parallelism = static_cast<int>(n);
+    }
+  }
+  c.storage_endpoint = std::string(Trim(res.Get("storage-endpoint").value));
+  if (!StartsWith(c.storage_endpoint, "http://") && !StartsWith(c.storage_endpoint, "https://")) {
+    res.Error("storage-endpoint", fmt::format("\"{}\" is not an http:// or https:// URL", c.storage_endpoint));
+  }
+  while (!c.storage_endpoint.empty() && c.storage_endpoint.back() == '/') c.storage_endpoint.pop_back();
   if (r.errors.empty()) res.ExpandExecForm(c);
   if (r.errors.empty()) r.config = std::move(c);
   return r;

@@ -57,6 +57,11 @@ struct Config {
   OnExit on_exit = OnExit::kNone;
   std::string shutdown_command;
   LogFormat log_format = LogFormat::kAuto;
+  std::string bucket;  // empty: no checkpoint sync
+  std::chrono::milliseconds sync_interval{600'000};
+  int sync_parallelism = 4;
+  std::chrono::milliseconds sync_settle{10'000};
+  std::string storage_endpoint;
 };
 
 struct ConfigResult {

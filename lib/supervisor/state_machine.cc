@@ -12,6 +12,10 @@ namespace {
 
 // EX_TEMPFAIL: nothing failed, but nothing ran; try again on a new VM.
 constexpr int kExitPreemptedBeforeStart = 75;
+// EX_IOERR: the checkpoint could not be restored, so the trainer never ran.
+constexpr int kExitRestoreFailed = 74;
+// EX_CANTCREAT: the trainer succeeded but its results did not reach the bucket.
+constexpr int kExitSyncFailed = 73;
 
 template <class... Ts>
 struct Overloaded : Ts... {
@@ -38,9 +42,11 @@ double Seconds(SteadyTime::duration d) { return std::chrono::duration<double>(d)
 const char* PhaseName(Phase p) {
   switch (p) {
     case Phase::kStarting: return "starting";
+    case Phase::kRestoring: return "restoring";
     case Phase::kRunning: return "running";
     case Phase::kStopping: return "stopping";
     case Phase::kDraining: return "draining";
+    case Phase::kSyncing: return "syncing";
     case Phase::kFinishing: return "finishing";
     case Phase::kDone: return "done";
   }
@@ -54,6 +60,8 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kPreempted: return "preempted";
     case EndReason::kMaintenance: return "maintenance";
     case EndReason::kStopped: return "stopped";
+    case EndReason::kAlreadyDone: return "already-done";
+    case EndReason::kRestoreFailed: return "restore-failed";
   }
   return "?";
 }
@@ -90,17 +98,47 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
               Finish(now, out);
               return;
             }
+            if (options_.sync) {
+              out.push_back(StartRestore{});
+              EnterPhase(Phase::kRestoring, now, options_.restore_timeout, "restoring the newest complete checkpoint");
+              return;
+            }
             out.push_back(SpawnTrainer{});
           },
+          [&](const RestoreDone& e) {
+            if (phase_ != Phase::kRestoring) return;
+            if (reason_) {  // preempted or stopped while restoring
+              if (*reason_ != EndReason::kStopped) exit_code_ = kExitPreemptedBeforeStart;
+              Finish(now, out);
+              return;
+            }
+            if (!e.ok) {
+              // Never start from scratch: the first sync would replace a
+              // newer checkpoint with an older one.
+              reason_ = EndReason::kRestoreFailed;
+              exit_code_ = kExitRestoreFailed;
+              Log(Severity::kError, "restore.failed", "restore failed; not starting the trainer from scratch: " + e.error,
+                  {{"error", e.error}});
+              Finish(now, out);
+              return;
+            }
+            if (e.already_done) {
+              reason_ = EndReason::kAlreadyDone;
+              exit_code_ = 0;
+              Finish(now, out);
+              return;
+            }
+            out.push_back(SpawnTrainer{e.resumed});
+          },
           [&](const TrainerSpawned& e) {
-            if (phase_ != Phase::kStarting) return;
+            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring) return;
             trainer_pid_ = e.pid;
             trainer_started_ = now;
             trainer_ran_ = true;
             EnterPhase(Phase::kRunning, now, std::nullopt, fmt::format("trainer started as pid {}", e.pid));
           },
           [&](const TrainerSpawnFailed& e) {
-            if (phase_ != Phase::kStarting) return;
+            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring) return;
             reason_ = EndReason::kFailed;
             exit_code_ = e.exit_code;
             Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
@@ -114,12 +152,14 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             Log(Severity::kWarning, "preemption.detected", "instance/preempted is TRUE: the VM is being preempted",
                 {{"phase", PhaseName(phase_)}});
             if (phase_ == Phase::kRunning) BeginStop(EndReason::kPreempted, now, out);
+            if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kPreempted;
           },
           [&](const MaintenanceNotice& e) {
             if (e.value == "TERMINATE_ON_HOST_MAINTENANCE") {
               Log(Severity::kWarning, "maintenance.detected",
                   "host maintenance will terminate this VM: stopping the trainer", {{"value", e.value}});
               if (phase_ == Phase::kRunning) BeginStop(EndReason::kMaintenance, now, out);
+              if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kMaintenance;
             } else {
               // Live migration pauses the VM briefly; the trainer carries on.
               Log(Severity::kInfo, "maintenance.event", fmt::format("maintenance-event is {}", e.value),
@@ -136,6 +176,10 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 Finish(now, out);
                 break;
               case Phase::kRunning: BeginStop(EndReason::kStopped, now, out); break;
+              case Phase::kRestoring:
+                reason_ = EndReason::kStopped;
+                exit_code_ = 128 + e.signo;
+                break;
               // A second request to stop means "stop faster".
               case Phase::kStopping: Escalate(now, out, "asked again to stop"); break;
               case Phase::kFinishing:
@@ -148,7 +192,12 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             }
           },
           [&](const LeftoversGone&) {
-            if (phase_ == Phase::kDraining) Finish(now, out);
+            if (phase_ == Phase::kDraining) AfterDraining(now, out);
+          },
+          [&](const SyncDone& e) {
+            if (phase_ != Phase::kSyncing) return;
+            if (!e.ok && *reason_ == EndReason::kCompleted) exit_code_ = kExitSyncFailed;
+            Finish(now, out);
           },
           [&](const OnExitDone& e) {
             if (phase_ != Phase::kFinishing) return;
@@ -172,8 +221,19 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                   EnterPhase(Phase::kDraining, now, options_.kill_grace, "leftover processes ignored SIGTERM: SIGKILL");
                 } else {
                   Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
-                  Finish(now, out);
+                  AfterDraining(now, out);
                 }
+                break;
+              case Phase::kRestoring:
+                reason_ = EndReason::kRestoreFailed;
+                exit_code_ = kExitRestoreFailed;
+                Log(Severity::kError, "restore.failed", "restore did not finish in time; not starting the trainer");
+                Finish(now, out);
+                break;
+              case Phase::kSyncing:
+                Log(Severity::kError, "sync.timeout", "the final sync did not finish in time; finishing without it");
+                if (*reason_ == EndReason::kCompleted) exit_code_ = kExitSyncFailed;
+                Finish(now, out);
                 break;
               case Phase::kFinishing:
                 Log(Severity::kError, "shutdown.timeout", "shutdown command did not finish in time");
@@ -242,6 +302,17 @@ void StateMachine::BeginDraining(SteadyTime now, std::vector<Action>& out) {
   leftover_signal_ = SIGTERM;
   out.push_back(SignalLeftovers{SIGTERM});
   EnterPhase(Phase::kDraining, now, options_.kill_timeout, "trainer exited: stopping anything it left running");
+}
+
+void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
+  if (!options_.sync) {
+    Finish(now, out);
+    return;
+  }
+  bool clean = *reason_ == EndReason::kCompleted;
+  out.push_back(StartFinalSync{clean});
+  EnterPhase(Phase::kSyncing, now, options_.final_sync_timeout,
+             clean ? "final sync, then the DONE marker" : "final sync of the trainer's last checkpoint");
 }
 
 void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {

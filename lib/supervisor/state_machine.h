@@ -19,15 +19,17 @@ namespace spotvisor {
 
 enum class Phase {
   kStarting,   // config loaded; trainer not started yet
+  kRestoring,  // putting the newest complete checkpoint back
   kRunning,    // trainer running
   kStopping,   // stop ladder: SIGINT -> SIGTERM -> SIGKILL
   kDraining,   // trainer gone; stopping what it left behind
+  kSyncing,    // final checkpoint sync (and DONE after a success)
   kFinishing,  // on-exit action
   kDone,
 };
 const char* PhaseName(Phase p);
 
-enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped };
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed };
 const char* EndReasonName(EndReason r);
 
 // Events.
@@ -48,16 +50,25 @@ struct StopSignal { int signo; };
 struct LeftoversGone {};
 struct OnExitDone { int exit_code; };
 struct DeadlineReached {};
+struct RestoreDone {
+  bool ok = true;
+  bool already_done = false;  // DONE found: do not train again
+  bool resumed = false;
+  std::string error;
+};
+struct SyncDone { bool ok = true; };  // the final sync
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone>;
 
 // Actions.
-struct SpawnTrainer {};
+struct StartRestore {};
+struct SpawnTrainer { bool resumed = false; };
+struct StartFinalSync { bool write_done = false; };  // DONE only after a clean exit
 struct SignalTrainer { int signo; };    // to the trainer's whole process group
 struct SignalLeftovers { int signo; };  // every remaining descendant
 struct RunOnExit {};
 struct ExitProcess { int code; };
-using Action = std::variant<SpawnTrainer, SignalTrainer, SignalLeftovers, RunOnExit, ExitProcess>;
+using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, RunOnExit, ExitProcess>;
 
 struct StateMachineOptions {
   std::chrono::milliseconds stop_timeout{20'000};
@@ -68,6 +79,9 @@ struct StateMachineOptions {
   // How long the on-exit command may take.
   std::chrono::milliseconds on_exit_timeout{60'000};
   bool run_on_exit = false;  // on-exit = poweroff
+  bool sync = false;         // a bucket is configured: restore first, sync last
+  std::chrono::milliseconds restore_timeout{30 * 60'000};
+  std::chrono::milliseconds final_sync_timeout{10 * 60'000};
 };
 
 class StateMachine {
@@ -94,6 +108,7 @@ class StateMachine {
   void Finish(SteadyTime now, std::vector<Action>& out);
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
+  void AfterDraining(SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
 
   StateMachineOptions options_;

@@ -261,3 +261,92 @@ TEST_CASE("in normal running, members left when the leader exits are leftovers")
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+StateMachineOptions SyncOptions() {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.restore_timeout = 60s;
+  o.final_sync_timeout = 30s;
+  return o;
+}
+
+TEST_CASE("with a bucket: restore first, the trainer starts resumed, final sync before on-exit") {
+  Harness h(SyncOptions());
+  Only<StartRestore>(h.On(StartEvent{}));
+  CHECK(h.machine.phase() == Phase::kRestoring);
+  CHECK(Only<SpawnTrainer>(h.On(RestoreDone{true, false, true, ""})).resumed);
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  CHECK(h.machine.phase() == Phase::kSyncing);
+  Only<RunOnExit>(h.On(SyncDone{true}));
+  CHECK(h.machine.exit_code() == 0);
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+}
+
+TEST_CASE("a failed restore never starts the trainer from scratch") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  Only<RunOnExit>(h.On(RestoreDone{false, false, false, "HTTP 503"}));
+  CHECK(h.machine.exit_code() == 74);
+  CHECK(h.Last("run.end").fields["reason"] == "restore-failed");
+  CHECK(h.Logged("restore.failed"));
+}
+
+TEST_CASE("a restore that hangs past its deadline fails the same way") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  Only<RunOnExit>(h.Advance(60s));
+  CHECK(h.Last("run.end").fields["reason"] == "restore-failed");
+  CHECK(h.On(RestoreDone{true, false, false, ""}).empty());  // too late: ignored
+}
+
+TEST_CASE("DONE found: no training, straight to on-exit") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  Only<RunOnExit>(h.On(RestoreDone{true, true, false, ""}));
+  CHECK(h.Last("run.end").fields["reason"] == "already-done");
+  CHECK(h.machine.exit_code() == 0);
+}
+
+TEST_CASE("preempted while restoring: the trainer is not started afterwards") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  CHECK(h.On(PreemptionNotice{}).empty());
+  Only<RunOnExit>(h.On(RestoreDone{true, false, true, ""}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+  CHECK(h.machine.exit_code() == 75);
+}
+
+TEST_CASE("preemption: the final sync runs without DONE; a failed trainer gets no DONE either") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  h.On(PreemptionNotice{});
+  h.On(TrainerExited{100, 130, 0});
+  CHECK_FALSE(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  // SIGTERM from systemd while the final sync runs must not cut it short.
+  CHECK(h.On(StopSignal{SIGTERM}).empty());
+  CHECK(h.machine.phase() == Phase::kSyncing);
+  Only<RunOnExit>(h.On(SyncDone{false}));
+  CHECK(h.machine.exit_code() == 130);
+}
+
+TEST_CASE("a trainer that succeeded but whose final sync failed does not exit 0") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  Only<RunOnExit>(h.Advance(30s));
+  CHECK(h.Logged("sync.timeout"));
+  CHECK(h.machine.exit_code() == 73);
+}
+
+}  // namespace
+}  // namespace spotvisor

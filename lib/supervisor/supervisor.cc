@@ -119,6 +119,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.stop_timeout = c.stop_timeout;
   o.kill_timeout = c.kill_timeout;
   o.run_on_exit = c.on_exit == OnExit::kPoweroff;
+  o.sync = !c.bucket.empty();
   return o;
 }
 
@@ -132,9 +133,14 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       options_(std::move(options)),
       machine_(MachineOptions(options_.config), [this](LogEvent e) { OnMachineEvent(std::move(e)); }),
       signals_(signals),
-      deadline_timer_(io) {}
+      deadline_timer_(io),
+      sync_timer_(io) {}
 
-Supervisor::~Supervisor() = default;
+Supervisor::~Supervisor() {
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+}
 
 void Supervisor::Start() {
   if (auto s = BecomeSubreaper(); !s.ok()) logger_.Warn("supervisor.subreaper", s.message());
@@ -183,8 +189,13 @@ void Supervisor::ArmDeadline() {
 }
 
 void Supervisor::Execute(const Action& a) {
-  if (std::holds_alternative<struct SpawnTrainer>(a)) {
-    SpawnTrainer();
+  if (auto* sp = std::get_if<struct SpawnTrainer>(&a)) {
+    SpawnTrainer(sp->resumed);
+  } else if (std::holds_alternative<struct StartRestore>(a)) {
+    StartRestore();
+  } else if (auto* fs = std::get_if<StartFinalSync>(&a)) {
+    sync_timer_.cancel();
+    StartSync("final", true, fs->write_done);
   } else if (auto* s = std::get_if<SignalTrainer>(&a)) {
     // After the leader is reaped the group may live on; killpg still reaches it.
     if (trainer_pid_ > 0 && killpg(trainer_pid_, s->signo) != 0 && errno != ESRCH) {
@@ -199,13 +210,14 @@ void Supervisor::Execute(const Action& a) {
   }
 }
 
-void Supervisor::SpawnTrainer() {
+void Supervisor::SpawnTrainer(bool resumed) {
   auto const& c = options_.config;
   SpawnOptions o;
   o.argv = c.argv;
   o.env = options_.base_env;
   for (auto const& [k, v] : c.env) o.env.push_back(k + "=" + v);
   for (auto const& [k, v] : SpotvisorEnv(c)) o.env.push_back(k + "=" + v);
+  o.env.push_back(std::string("SPOTVISOR_RESUMED=") + (resumed ? "1" : "0"));
   o.workdir = c.workdir;
   o.user = options_.user;
   o.capture_output = true;
@@ -225,6 +237,94 @@ void Supervisor::SpawnTrainer() {
                {{"pid", trainer_pid_}, {"argv", c.argv}, {"user", c.user}, {"workdir", c.workdir}});
   for (auto& p : pumps_) p->Start();
   Dispatch(TrainerSpawned{trainer_pid_});
+  ArmSyncTimer();
+}
+
+void Supervisor::StartRestore() {
+  auto engine = options_.sync;
+  logger_.Info("restore.start", fmt::format("looking for a checkpoint in {}", engine->Describe()),
+               {{"bucket", engine->Describe()}});
+  workers_.emplace_back([this, engine] {
+    auto r = engine->Restore();
+    asio::post(io_, [this, r = std::move(r)] {
+      if (!r.ok()) {
+        Dispatch(RestoreDone{false, false, false, r.status().message()});
+        return;
+      }
+      restored_ = true;
+      if (r->done) {
+        logger_.Log(LogEvent{Severity::kNotice, "run.already_done",
+                             fmt::format("{} has a DONE marker: this run already finished; not training again",
+                                         options_.sync->Describe()),
+                             {{"marker", r->done_marker}}});
+      } else if (r->resumed) {
+        logger_.Info("restore.complete",
+                     fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s", r->sequence,
+                                 r->files, r->files_downloaded, r->bytes_downloaded, r->seconds),
+                     {{"sequence", r->sequence}, {"files", r->files}, {"files_downloaded", r->files_downloaded},
+                      {"bytes", r->bytes_downloaded}, {"duration_s", r->seconds}});
+      } else {
+        logger_.Info("restore.none", "no checkpoint in the bucket yet: the trainer starts from scratch");
+      }
+      Dispatch(RestoreDone{true, r->done, r->resumed, ""});
+    });
+  });
+}
+
+void Supervisor::ArmSyncTimer() {
+  auto const& c = options_.config;
+  if (!options_.sync || c.sync_interval.count() == 0) return;
+  sync_timer_.expires_after(c.sync_interval);
+  sync_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || exited_) return;
+    StartSync("periodic", false, false);
+    ArmSyncTimer();
+  });
+}
+
+void Supervisor::StartSync(const std::string& kind, bool final, bool write_done) {
+  if (!final && (sync_in_flight_ || !restored_)) {
+    logger_.Info("sync.skipped", fmt::format("{} sync skipped: {}", kind, restored_ ? "a sync is already running" : "not restored yet"));
+    return;
+  }
+  if (!final) sync_in_flight_ = true;
+  auto engine = options_.sync;
+  int exit_code = machine_.exit_code();
+  workers_.emplace_back([this, engine, kind, final, write_done, exit_code] {
+    auto r = engine->Sync(final);
+    Status done;
+    if (r.ok() && write_done) done = engine->WriteDone(exit_code);
+    asio::post(io_, [this, kind, final, r = std::move(r), done] { OnSyncDone(kind, final, r, done); });
+  });
+}
+
+void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done) {
+  if (!final) sync_in_flight_ = false;
+  if (r.ok()) {
+    double mbps = r->seconds > 0 ? static_cast<double>(r->bytes_uploaded) / 1e6 / r->seconds : 0;
+    logger_.Info("sync.complete",
+                 fmt::format("{} sync #{}: {} of {} file(s) uploaded, {} bytes in {:.2f}s ({:.1f} MB/s){}", kind, r->sequence,
+                             r->files_uploaded, r->files_total, r->bytes_uploaded, r->seconds, mbps,
+                             r->files_deferred ? fmt::format("; {} still being written, left for next time", r->files_deferred) : ""),
+                 {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
+                  {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},
+                  {"duration_s", r->seconds}, {"throughput_mbps", mbps}});
+    last_sync_ = {{"kind", kind}, {"ok", true}, {"sequence", r->sequence}, {"time", FormatRfc3339(clock_.WallNow())},
+                  {"files_uploaded", r->files_uploaded}, {"bytes", r->bytes_uploaded}};
+  } else {
+    logger_.Error("sync.failed", fmt::format("{} sync failed: {}", kind, r.status().message()),
+                  {{"kind", kind}, {"error", r.status().message()}});
+    last_sync_ = {{"kind", kind}, {"ok", false}, {"error", r.status().message()}, {"time", FormatRfc3339(clock_.WallNow())}};
+  }
+  if (r.ok() && !done.ok()) logger_.Error("done.failed", "could not write the DONE marker: " + done.message());
+  if (r.ok() && done.ok() && final && machine_.phase() == Phase::kSyncing && machine_.end_reason() == EndReason::kCompleted) {
+    logger_.Info("done.written", options_.sync->Describe() + "/DONE written: a VM booting with this run-id will not train again");
+  }
+  if (final) {
+    Dispatch(SyncDone{r.ok() && done.ok()});
+  } else if (auto e = machine_.phase(); e != Phase::kDone) {
+    WriteStatus(LogEvent{Severity::kInfo, r.ok() ? "sync.complete" : "sync.failed", last_sync_.dump(), {}});
+  }
 }
 
 void Supervisor::OnSignal(int signo) {
@@ -233,6 +333,12 @@ void Supervisor::OnSignal(int signo) {
   });
   if (signo == SIGCHLD) {
     Reap();
+  } else if (signo == SIGUSR1) {
+    if (options_.sync) {
+      StartSync("on-demand", false, false);
+    } else {
+      logger_.Warn("sync.skipped", "SIGUSR1: no bucket is configured, nothing to sync");
+    }
   } else {
     Dispatch(StopSignal{signo});
   }
@@ -314,6 +420,7 @@ void Supervisor::Exit(int code) {
   boost::system::error_code ec;
   signals_.cancel(ec);
   deadline_timer_.cancel();
+  sync_timer_.cancel();
   io_.stop();
 }
 
@@ -335,6 +442,7 @@ void Supervisor::WriteStatus(const LogEvent& last) {
       {"last_event", {{"event", last.event}, {"message", last.message}, {"time", FormatRfc3339(clock_.WallNow())}}},
   };
   if (auto r = machine_.end_reason()) j["reason"] = EndReasonName(*r);
+  if (!last_sync_.is_null()) j["last_sync"] = last_sync_;
   if (machine_.phase() == Phase::kDone) j["exit_code"] = machine_.exit_code();
   auto s = WriteStatusFile(c.state_dir, j);
   if (!s.ok() && s.message() != status_error_) {

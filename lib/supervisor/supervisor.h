@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/config.h"
@@ -17,6 +18,7 @@
 #include "output/line_assembler.h"
 #include "process/spawn.h"
 #include "supervisor/state_machine.h"
+#include "sync/sync_engine.h"
 
 namespace spotvisor {
 
@@ -27,6 +29,7 @@ struct SupervisorOptions {
   bool already_preempted = false;
   bool maintenance_terminate = false;
   std::string mode;  // "daemon" or "run", for the status file
+  std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
 };
 
 class Supervisor {
@@ -53,13 +56,19 @@ class Supervisor {
   void ArmDeadline();
   void OnSignal(int signo);
   void Reap();
-  void SpawnTrainer();
+  void SpawnTrainer(bool resumed);
   void SignalLeftovers(int signo);
   void RunOnExit();
   void Exit(int code);
   void OnMachineEvent(LogEvent e);
   void WriteStatus(const LogEvent& last);
   void CheckLeftoversGone();
+  // Restore and sync block on the network: they run on threads of their own
+  // and post their result back to the loop.
+  void StartRestore();
+  void StartSync(const std::string& kind, bool final, bool write_done);
+  void ArmSyncTimer();
+  void OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done);
 
   boost::asio::io_context& io_;
   const Clock& clock_;
@@ -68,6 +77,11 @@ class Supervisor {
   StateMachine machine_;
   boost::asio::signal_set& signals_;
   boost::asio::steady_timer deadline_timer_;
+  boost::asio::steady_timer sync_timer_;
+  std::vector<std::thread> workers_;  // joined in the destructor
+  bool sync_in_flight_ = false;       // periodic or on-demand
+  bool restored_ = false;
+  nlohmann::json last_sync_;
   std::vector<std::unique_ptr<OutputPump>> pumps_;
   pid_t trainer_pid_ = 0;
   pid_t on_exit_pid_ = 0;

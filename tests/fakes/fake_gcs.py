@@ -1,0 +1,1963 @@
+#!/usr/bin/python3
+"""Fake Google Cloud Storage (JSON API) server for spotvisor tests.
+
+Speaks the Cloud Storage JSON API subset described in
+/work/shared/REFERENCE.md ("Cloud Storage JSON API") over loopback: media,
+multipart and resumable uploads, listing, object metadata, downloads (with
+Range), deletes and generation preconditions. A control API under /_fake/
+on the same port lets tests seed data, inject faults and observe exactly
+what the client did. Point clients at it with
+STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT.
+
+Use it in-process:
+
+    srv = FakeGcsServer(buckets=["ckpt"]).start()
+    srv.fault("reset_mid_body", upload_type="chunk", count=1)
+    srv.objects("ckpt")
+    srv.stop()
+
+or as a script:
+
+    fake_gcs.py serve [--port 0] [--port-file PATH] [--bucket NAME] ...
+    fake_gcs.py ctl --port PORT objects ckpt
+
+Needs Debian's /usr/bin/python3 (3.11) with python3-crcmod (the C extension
+computes CRC32C); nothing else outside the standard library. See
+README_gcs.md next to this file for the contract and the deviations from
+the real service.
+"""
+
+import argparse
+import base64
+import binascii
+import bisect
+import email.utils
+import hashlib
+import http.server
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+try:
+    import crcmod.predefined
+except ImportError as _e:  # pragma: no cover - environment problem
+    raise ImportError("fake_gcs.py needs crcmod (Debian package "
+                      "python3-crcmod): run it with /usr/bin/python3") from _e
+
+CONTROL = "/_fake/"
+JSON_PREFIX = "/storage/v1"
+UPLOAD_PREFIX = "/upload/storage/v1"
+DOWNLOAD_PREFIX = "/download/storage/v1"
+QUANTUM = 256 * 1024           # resumable chunks: multiples of 256 KiB
+IO_BLOCK = 1 << 20             # socket reads/writes in 1 MiB slices
+LOG_LIMIT = 10000              # newest entries kept; hit counters are exact
+MAX_RESULTS = 1000             # list default and cap
+PROJECT_NUMBER = "123456789"
+NAME_MAX_BYTES = 1024
+
+FAULT_MODES = ("none", "status", "reset_before", "reset_mid_body",
+               "reset_after", "slow")
+UPLOAD_TYPES = ("media", "multipart", "resumable", "chunk", "query")
+KINDS = UPLOAD_TYPES + ("cancel", "download", "get", "list", "delete",
+                        "bucket", "buckets", "unsupported", "invalid",
+                        "unknown")
+# Request headers copied into log entries (Authorization never is: the log
+# records the auth outcome instead).
+LOG_HEADERS = ("Content-Type", "Content-Length", "Transfer-Encoding",
+               "Content-Range", "Range", "X-Guploader-No-308", "X-Goog-Hash",
+               "X-Upload-Content-Length", "X-Upload-Content-Type", "Expect",
+               "User-Agent")
+
+REASONS = {400: "invalid", 401: "required", 403: "forbidden",
+           404: "notFound", 405: "methodNotAllowed", 408: "requestTimeout",
+           409: "conflict", 411: "lengthRequired", 412: "conditionNotMet",
+           416: "requestedRangeNotSatisfiable", 429: "rateLimitExceeded",
+           499: "clientClosedRequest", 500: "backendError",
+           501: "notImplemented", 502: "badGateway", 503: "backendError",
+           504: "gatewayTimeout"}
+STATUS_TEXT = {308: "Resume Incomplete", 499: "Client Closed Request"}
+
+UBLA_MESSAGE = ("Cannot insert legacy ACL for an object when uniform "
+                "bucket-level access is enabled. Read more at "
+                "https://cloud.google.com/storage/docs/"
+                "uniform-bucket-level-access.")
+UPLOAD_PARAMS_MESSAGE = ("Upload requests must include an uploadType URL "
+                         "parameter and a URL-encoded object name.")
+PRECONDITION_MESSAGE = ("At least one of the pre-conditions you specified "
+                        "did not hold.")
+# Object metadata fields taken from upload metadata and echoed back.
+STORED_FIELDS = ("contentEncoding", "contentDisposition", "contentLanguage",
+                 "cacheControl", "customTime")
+PRECONDITIONS = ("ifGenerationMatch", "ifGenerationNotMatch",
+                 "ifMetagenerationMatch", "ifMetagenerationNotMatch")
+
+_CRC32C = crcmod.predefined.Crc("crc-32c")  # template; .new() is cheap
+_CONTENT_RANGE = re.compile(r"bytes (?:(\*)|(\d+)-(\d+))/(\*|\d+)")
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+class FakeError(Exception):
+    """A control-API error, carried to the HTTP client as (code, message)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class GcsError(Exception):
+    """An error answered to a GCS client in the real JSON error shape."""
+
+    def __init__(self, code, message, reason=None, headers=(),
+                 location=None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or REASONS.get(code, "backendError")
+        self.headers = list(headers)
+        self.location = location  # (locationType, location) or None
+
+    def body(self):
+        err = {"message": self.message, "domain": "global",
+               "reason": self.reason}
+        if self.location:
+            err["locationType"], err["location"] = self.location
+        return {"error": {"code": self.code, "message": self.message,
+                          "errors": [err]}}
+
+
+# ---------------------------------------------------------------- helpers
+def _b64(raw):
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _hashes(data):
+    """(crc32c, md5Hash) of data, base64 of the big-endian digests."""
+    crc = _CRC32C.new()
+    crc.update(data)
+    return _b64(crc.digest()), _b64(hashlib.md5(data).digest())
+
+
+class _Hasher:
+    """Incremental CRC32C + MD5 (each byte is hashed exactly once)."""
+
+    __slots__ = ("crc", "md5")
+
+    def __init__(self):
+        self.crc = _CRC32C.new()
+        self.md5 = hashlib.md5()
+
+    def update(self, data):
+        self.crc.update(data)
+        self.md5.update(data)
+
+    def b64(self):
+        return _b64(self.crc.digest()), _b64(self.md5.digest())
+
+
+def _rfc3339(t):
+    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+            + ".%03dZ" % int((t % 1) * 1000))
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _etag(generation, metageneration):
+    # Real object ETags are base64 of a tiny protobuf holding generation
+    # (field 1) and metageneration (field 2); this is the same encoding.
+    return _b64(b"\x08" + _varint(generation) + b"\x10"
+                + _varint(metageneration))
+
+
+def _quote(name):
+    return urllib.parse.quote(name, safe="")
+
+
+def _unquote_strict(raw, what):
+    try:
+        return urllib.parse.unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise GcsError(400, f"Invalid UTF-8 in the {what}.") from None
+
+
+def _check_name(name):
+    if not name:
+        raise GcsError(400, "Required", "required")
+    if len(name.encode("utf-8")) > NAME_MAX_BYTES:
+        raise GcsError(400, "The maximum object length is 1024 "
+                            "characters, but got a name with "
+                            f"{len(name.encode('utf-8'))} characters.")
+    if "\r" in name or "\n" in name or name in (".", "..") \
+            or name.startswith(".well-known/acme-challenge/"):
+        raise GcsError(400, f"Invalid object name: {name!r}")
+
+
+def _int_param(query, key, lo=None):
+    try:
+        v = int(query[key])
+    except ValueError:
+        raise GcsError(400, f"Invalid argument: {key}={query[key]!r} is "
+                            "not an integer") from None
+    if lo is not None and v < lo:
+        raise GcsError(400, f"Invalid argument: {key} must be >= {lo}")
+    return v
+
+
+def _preconditions(query):
+    return {k: _int_param(query, k, 0) for k in PRECONDITIONS if k in query}
+
+
+def _check_preconditions(pre, cur):
+    """Raise 412 unless every precondition holds for cur (None = absent)."""
+    def fail():
+        raise GcsError(412, PRECONDITION_MESSAGE, "conditionNotMet",
+                       location=("header", "If-Match"))
+    gen = cur.generation if cur is not None else None
+    mg = cur.metageneration if cur is not None else None
+    if "ifGenerationMatch" in pre:
+        want = pre["ifGenerationMatch"]
+        if (gen is None and want != 0) or (gen is not None and gen != want):
+            fail()
+    if "ifGenerationNotMatch" in pre:
+        if gen is None or gen == pre["ifGenerationNotMatch"]:
+            fail()
+    if "ifMetagenerationMatch" in pre:
+        if mg is None or mg != pre["ifMetagenerationMatch"]:
+            fail()
+    if "ifMetagenerationNotMatch" in pre:
+        if mg is None or mg == pre["ifMetagenerationNotMatch"]:
+            fail()
+
+
+def _expected_hash(value, size, what):
+    """Validate a client-supplied base64 digest; returns it normalised."""
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raw = None
+    if raw is None or len(raw) != size:
+        raise GcsError(400, f"Invalid {what} value: {value!r}")
+    return _b64(raw)
+
+
+def _goog_hash(headers):
+    """Expected digests from x-goog-hash headers: {"crc32c": .., "md5": ..}."""
+    out = {}
+    for value in headers.get_all("X-Goog-Hash") or ():
+        for item in value.split(","):
+            alg, sep, digest = item.strip().partition("=")
+            alg = alg.strip().lower()
+            if not sep:
+                raise GcsError(400, f"Invalid x-goog-hash header: {value!r}")
+            if alg == "crc32c":
+                out["crc32c"] = _expected_hash(digest.strip(), 4, "crc32c")
+            elif alg == "md5":
+                out["md5"] = _expected_hash(digest.strip(), 16, "md5Hash")
+    return out
+
+
+def _verify(expected, crc, md5):
+    exp = expected.get("crc32c")
+    if exp is not None and exp != crc:
+        raise GcsError(400, f'Provided CRC32C "{exp}" doesn\'t match '
+                            f'calculated CRC32C "{crc}".')
+    exp = expected.get("md5")
+    if exp is not None and exp != md5:
+        raise GcsError(400, f'Provided MD5 hash "{exp}" doesn\'t match '
+                            f'calculated MD5 hash "{md5}".')
+
+
+def _metadata_fields(meta):
+    """Validate JSON object metadata; returns (stored fields, expected)."""
+    if not isinstance(meta, dict):
+        raise GcsError(400, "Object metadata must be a JSON object.",
+                       "parseError")
+    stored = {}
+    for key in STORED_FIELDS:
+        if key in meta:
+            if not isinstance(meta[key], str):
+                raise GcsError(400, f"Invalid value for {key}.")
+            stored[key] = meta[key]
+    if "metadata" in meta and meta["metadata"] is not None:
+        custom = meta["metadata"]
+        if not isinstance(custom, dict) or not all(
+                isinstance(v, str) for v in custom.values()):
+            raise GcsError(400, "Invalid value for metadata: a map of "
+                                "strings to strings is expected.")
+        if custom:
+            stored["metadata"] = dict(custom)
+    if "contentType" in meta and not isinstance(meta["contentType"], str):
+        raise GcsError(400, "Invalid value for contentType.")
+    expected = {}
+    if meta.get("crc32c") is not None:
+        expected["crc32c"] = _expected_hash(meta["crc32c"], 4, "crc32c")
+    if meta.get("md5Hash") is not None:
+        expected["md5"] = _expected_hash(meta["md5Hash"], 16, "md5Hash")
+    return stored, expected
+
+
+def _parse_json(body):
+    try:
+        return json.loads(bytes(body).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise GcsError(400, "Parse Error", "parseError") from None
+
+
+def _parse_multipart(body, boundary):
+    """Split a multipart/related body (RFC 2046, CRLF line breaks).
+
+    Returns [(headers, memoryview)]; headers keys are lower-case. A part
+    may have no header lines at all (its body then starts right after the
+    empty line). Raises GcsError(400) on any syntax error.
+    """
+    def bad(why):
+        raise GcsError(400, f"Malformed multipart body: {why}.")
+    delim = b"--" + boundary.encode("latin-1")
+    if body.startswith(delim):
+        pos = len(delim)
+    else:
+        i = body.find(b"\r\n" + delim)      # anything before is preamble
+        if i < 0:
+            bad("no boundary delimiter")
+        pos = i + 2 + len(delim)
+    view = memoryview(body)
+    parts = []
+    while True:
+        if body[pos:pos + 2] == b"--":
+            if not parts:
+                bad("no parts")
+            return parts                    # close delimiter; epilogue ignored
+        while body[pos:pos + 1] in (b" ", b"\t"):
+            pos += 1                        # transport padding
+        if body[pos:pos + 2] != b"\r\n":
+            bad("delimiter not followed by CRLF")
+        pos += 2
+        headers = {}
+        if body[pos:pos + 2] == b"\r\n":
+            start = pos + 2                 # no header lines
+        else:
+            end = body.find(b"\r\n\r\n", pos)
+            if end < 0:
+                bad("unterminated part headers")
+            for line in bytes(body[pos:end]).split(b"\r\n"):
+                name, sep, value = line.partition(b":")
+                if not sep or not name.strip():
+                    bad("bad part header line")
+                headers[name.strip().decode("latin-1").lower()] = \
+                    value.strip().decode("latin-1")
+            start = end + 4
+        k = body.find(b"\r\n" + delim, start)
+        if k < 0:
+            bad("missing closing boundary")
+        parts.append((headers, view[start:k]))
+        pos = k + 2 + len(delim)
+
+
+def _content_type_param(ctype, param):
+    for item in ctype.split(";")[1:]:
+        key, sep, value = item.strip().partition("=")
+        if sep and key.strip().lower() == param:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            return value
+    return None
+
+
+# ---------------------------------------------------------------- model
+class _Object:
+    __slots__ = ("bucket", "name", "data", "generation", "metageneration",
+                 "content_type", "fields", "crc32c", "md5", "created")
+
+    def resource(self, base):
+        q = _quote(self.name)
+        t = _rfc3339(self.created)
+        r = {"kind": "storage#object",
+             "id": f"{self.bucket}/{self.name}/{self.generation}",
+             "selfLink": f"{base}{JSON_PREFIX}/b/{self.bucket}/o/{q}",
+             "mediaLink": (f"{base}{DOWNLOAD_PREFIX}/b/{self.bucket}/o/{q}"
+                           f"?generation={self.generation}&alt=media"),
+             "name": self.name,
+             "bucket": self.bucket,
+             "generation": str(self.generation),
+             "metageneration": str(self.metageneration),
+             "contentType": self.content_type,
+             "storageClass": "STANDARD",
+             "size": str(len(self.data)),
+             "md5Hash": self.md5,
+             "crc32c": self.crc32c,
+             "etag": _etag(self.generation, self.metageneration),
+             "timeCreated": t,
+             "updated": t,
+             "timeStorageClassUpdated": t}
+        r.update(self.fields)
+        return r
+
+    def summary(self):
+        s = {"bucket": self.bucket, "name": self.name,
+             "size": len(self.data), "generation": self.generation,
+             "metageneration": self.metageneration,
+             "crc32c": self.crc32c, "md5Hash": self.md5,
+             "contentType": self.content_type,
+             "updated": _rfc3339(self.created)}
+        if "metadata" in self.fields:
+            s["metadata"] = dict(self.fields["metadata"])
+        return s
+
+
+class _Bucket:
+    __slots__ = ("name", "created", "uniform", "objects", "names")
+
+    def __init__(self, name, uniform):
+        self.name = name
+        self.created = time.time()
+        self.uniform = uniform
+        self.objects = {}
+        self.names = []          # sorted (code point order = UTF-8 order)
+
+    def resource(self, base):
+        t = _rfc3339(self.created)
+        return {"kind": "storage#bucket",
+                "selfLink": f"{base}{JSON_PREFIX}/b/{self.name}",
+                "id": self.name, "name": self.name,
+                "projectNumber": PROJECT_NUMBER, "metageneration": "1",
+                "location": "US", "locationType": "multi-region",
+                "storageClass": "STANDARD", "etag": "CAE=", "rpo": "DEFAULT",
+                "timeCreated": t, "updated": t,
+                "iamConfiguration": {
+                    "bucketPolicyOnly": {"enabled": self.uniform},
+                    "uniformBucketLevelAccess": {"enabled": self.uniform},
+                    "publicAccessPrevention": "inherited"}}
+
+
+class _Session:
+    """A resumable upload session."""
+
+    __slots__ = ("id", "bucket", "name", "content_type", "fields",
+                 "expected", "pre", "total", "data", "hasher", "state",
+                 "result", "error", "lock", "created")
+
+    def status(self):
+        return {"upload_id": self.id, "bucket": self.bucket,
+                "name": self.name, "persisted": len(self.data or b""),
+                "total": self.total, "state": self.state,
+                "generation": (self.result.generation
+                               if self.result is not None else None)}
+
+
+class _Route:
+    """What a request is, decided from its line and headers (+ body)."""
+
+    __slots__ = ("kind", "bucket", "object", "upload_id", "what", "error")
+
+    def __init__(self, kind="unknown"):
+        self.kind = kind
+        self.bucket = self.object = self.upload_id = None
+        self.what = None     # for 'unsupported': what is not implemented
+        self.error = None    # for 'invalid': the GcsError to answer
+
+
+class _Reply:
+    __slots__ = ("code", "body", "ctype", "headers")
+
+    def __init__(self, code, body=b"", ctype="application/json; "
+                 "charset=UTF-8", headers=()):
+        self.code, self.body, self.ctype = code, body, ctype
+        self.headers = list(headers)
+
+
+def _json_reply(obj, code=200, headers=()):
+    return _Reply(code, json.dumps(obj, separators=(",", ":")).encode(),
+                  headers=headers)
+
+
+def _error_reply(err):
+    return _Reply(err.code, json.dumps(err.body(),
+                                       separators=(",", ":")).encode(),
+                  headers=err.headers)
+
+
+class _BodyError(Exception):
+    """The request body could not be read (truncated or bad framing)."""
+
+    def __init__(self, answer):
+        super().__init__(answer)
+        self.answer = answer   # None = just drop the connection
+
+
+class _Listener(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address, fake):
+        self.fake = fake
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self):
+        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that
+        # can stall in sandboxes; we never need the name.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request, client_address):
+        # Resets we cause and clients that hang up surface as OSErrors.
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+# ---------------------------------------------------------------- server
+class FakeGcsServer:
+    """In-process fake GCS JSON API server. Thread-safe."""
+
+    def __init__(self, host="127.0.0.1", port=0, buckets=(),
+                 require_token=None, fine_grained_buckets=()):
+        self.host = host
+        self.port = port
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._buckets = {}
+        self._sessions = {}
+        self._faults = []
+        self._log = []
+        self._hits = {}
+        self._inflight = 0
+        self._auth_failures = 0
+        self._last_gen = 0
+        self._require_token = require_token
+        self._listener = None
+        self._thread = None
+        for name in buckets:
+            self.create_bucket(name)
+        for name in fine_grained_buckets:
+            self.create_bucket(name, uniform_access=False)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self):
+        listener = _Listener((self.host, self.port), self)
+        self.port = listener.server_address[1]
+        thread = threading.Thread(target=listener.serve_forever,
+                                  kwargs={"poll_interval": 0.05},
+                                  name=f"fake-gcs:{self.port}", daemon=True)
+        thread.start()
+        self._listener, self._thread = listener, thread
+        return self
+
+    def stop(self):
+        listener, thread = self._listener, self._thread
+        self._listener = self._thread = None
+        if listener is None:
+            return
+        listener.shutdown()
+        listener.server_close()
+        thread.join()
+        with self._lock:
+            self._changed.notify_all()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def base_url(self):
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    endpoint = base_url   # the value for STORAGE_EMULATOR_HOST
+
+    # ------------------------------------------------------------ data
+    def create_bucket(self, name, uniform_access=True):
+        """Create a bucket (idempotent). uniform_access=True (the default)
+        models uniform bucket-level access: object ACLs are rejected."""
+        if not isinstance(name, str) or not re.fullmatch(
+                r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", name):
+            raise FakeError(400, f"invalid bucket name {name!r}")
+        with self._lock:
+            b = self._buckets.get(name)
+            if b is None:
+                b = self._buckets[name] = _Bucket(name, bool(uniform_access))
+            else:
+                b.uniform = bool(uniform_access)
+            self._changed.notify_all()
+            return b.resource(self.base_url)
+
+    def buckets(self):
+        with self._lock:
+            return sorted(self._buckets)
+
+    def put_object(self, bucket, name, data, content_type=
+                   "application/octet-stream", metadata=None):
+        """Seed an object directly (no request, not logged). Returns the
+        object resource."""
+        if isinstance(data, str):
+            data = data.encode()
+        data = bytes(data)
+        crc, md5 = _hashes(data)
+        fields = {"metadata": dict(metadata)} if metadata else {}
+        try:
+            _check_name(name)
+            obj = self._commit(bucket, name, data, content_type, fields, {},
+                               crc, md5)
+        except GcsError as e:
+            raise FakeError(e.code, e.message) from None
+        return obj.resource(self.base_url)
+
+    def get_object_bytes(self, bucket, name):
+        with self._lock:
+            obj = self._live_locked(bucket, name)
+        if obj is None:
+            raise FakeError(404, f"no object {bucket}/{name}")
+        return bytes(obj.data)
+
+    def object_resource(self, bucket, name):
+        with self._lock:
+            obj = self._live_locked(bucket, name)
+        if obj is None:
+            raise FakeError(404, f"no object {bucket}/{name}")
+        return obj.resource(self.base_url)
+
+    def delete_object(self, bucket, name):
+        with self._lock:
+            b = self._buckets.get(bucket)
+            if b is None or name not in b.objects:
+                raise FakeError(404, f"no object {bucket}/{name}")
+            self._remove_locked(b, name)
+        return {"deleted": True}
+
+    def objects(self, bucket, prefix=""):
+        """Live objects under prefix, by name: name, size, generation,
+        metageneration, crc32c, md5Hash, contentType, updated, metadata."""
+        with self._lock:
+            b = self._buckets.get(bucket)
+            if b is None:
+                raise FakeError(404, f"no bucket {bucket}")
+            i = bisect.bisect_left(b.names, prefix)
+            out = []
+            for name in b.names[i:]:
+                if not name.startswith(prefix):
+                    break
+                out.append(b.objects[name].summary())
+            return out
+
+    def uploads(self):
+        """Resumable sessions: id, bucket, name, persisted, total, state."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        return [s.status() for s in sessions]
+
+    def reset(self, keep_buckets=True):
+        """Drop all objects, sessions, faults, the log and counters."""
+        with self._lock:
+            if keep_buckets:
+                for b in self._buckets.values():
+                    b.objects.clear()
+                    b.names.clear()
+            else:
+                self._buckets.clear()
+            self._sessions.clear()
+            self._faults.clear()
+            self._log.clear()
+            self._hits.clear()
+            self._auth_failures = 0
+            self._changed.notify_all()
+
+    def set_require_token(self, token):
+        """Require 'Authorization: Bearer TOKEN' (None = auth off)."""
+        with self._lock:
+            self._require_token = token or None
+
+    # ------------------------------------------------------------ faults
+    def fault(self, mode="none", *, add=False, **params):
+        """Install a fault rule for GCS requests; returns the active rules.
+
+        fault("status", code=503, count=2, upload_type="chunk")
+        fault("reset_before", method="GET", path_prefix="/download/")
+        fault("reset_mid_body", upload_type="chunk", bytes=262144)
+        fault("reset_after", upload_type="media", count=1)
+        fault("slow", delay_ms=500, kind="download")
+        fault("none")                       # clear every rule
+
+        Matchers (all optional, all must hold): method, path_prefix (raw
+        request path), bucket, object_prefix (object name), upload_type
+        (media/multipart/resumable/chunk/query), kind (any request kind).
+        count=N: the rule applies to the next N matching requests, then
+        goes away. add=True appends the rule (the first matching rule
+        wins); otherwise it replaces all rules. A dict spec is accepted as
+        the first argument.
+        """
+        spec = dict(mode) if isinstance(mode, dict) else dict(params,
+                                                               mode=mode)
+        add = bool(spec.pop("add", add))
+        spec = self._validate_fault(spec)
+        with self._lock:
+            if spec["mode"] == "none":
+                self._faults = []
+            elif add:
+                self._faults.append(spec)
+            else:
+                self._faults = [spec]
+            return [dict(f) for f in self._faults]
+
+    def current_faults(self):
+        with self._lock:
+            return [dict(f) for f in self._faults]
+
+    @staticmethod
+    def _validate_fault(spec):
+        mode = spec.get("mode")
+        if mode not in FAULT_MODES:
+            raise FakeError(400, f"unknown fault mode {mode!r}; "
+                                 f"one of {', '.join(FAULT_MODES)}")
+        if mode == "none":
+            return {"mode": "none"}
+        allowed = {"mode", "count", "method", "path_prefix", "bucket",
+                   "object_prefix", "upload_type", "kind"}
+        if mode == "status":
+            allowed.add("code")
+            code = spec.setdefault("code", 503)
+            if not isinstance(code, int) or not 100 <= code <= 599 \
+                    or code in (204, 304):
+                raise FakeError(400, "code must be an HTTP status code "
+                                     "that carries a body")
+        if mode == "reset_mid_body":
+            allowed.add("bytes")
+            if "bytes" in spec and (not isinstance(spec["bytes"], int)
+                                    or spec["bytes"] < 0):
+                raise FakeError(400, "bytes must be a non-negative integer")
+        if mode == "slow":
+            allowed.add("delay_ms")
+            delay = spec.setdefault("delay_ms", 1000)
+            if not isinstance(delay, (int, float)) or delay < 0:
+                raise FakeError(400, "delay_ms must be a non-negative number")
+        if "count" in spec and (not isinstance(spec["count"], int)
+                                or spec["count"] < 1):
+            raise FakeError(400, "count must be a positive integer")
+        if "upload_type" in spec and spec["upload_type"] not in UPLOAD_TYPES:
+            raise FakeError(400, "upload_type must be one of "
+                                 f"{', '.join(UPLOAD_TYPES)}")
+        if "kind" in spec and spec["kind"] not in KINDS:
+            raise FakeError(400, f"kind must be one of {', '.join(KINDS)}")
+        for key in ("method", "path_prefix", "bucket", "object_prefix"):
+            if key in spec and not isinstance(spec[key], str):
+                raise FakeError(400, f"{key} must be a string")
+        if "method" in spec:
+            spec["method"] = spec["method"].upper()
+        unknown = set(spec) - allowed
+        if unknown:
+            raise FakeError(400, f"unknown fault fields for {mode}: "
+                                 f"{', '.join(sorted(unknown))}")
+        return spec
+
+    @staticmethod
+    def _fault_matches(f, method, path, route):
+        if "method" in f and f["method"] != method:
+            return False
+        if "path_prefix" in f and not path.startswith(f["path_prefix"]):
+            return False
+        if "bucket" in f and route.bucket != f["bucket"]:
+            return False
+        if "object_prefix" in f and (route.object is None or
+                                     not route.object.startswith(
+                                         f["object_prefix"])):
+            return False
+        if "upload_type" in f and route.kind != f["upload_type"]:
+            return False
+        if "kind" in f and route.kind != f["kind"]:
+            return False
+        return True
+
+    # ------------------------------------------------------------ observing
+    def log(self):
+        """GCS requests seen (newest LOG_LIMIT), oldest first."""
+        with self._lock:
+            return [dict(e) for e in self._log]
+
+    def reset_log(self):
+        """Forget the log, the hit counters and the auth-failure count."""
+        with self._lock:
+            self._log.clear()
+            self._hits.clear()
+            self._auth_failures = 0
+            self._changed.notify_all()
+
+    def hits(self, kind=None):
+        """GCS requests of this kind since the last reset (all if None)."""
+        with self._lock:
+            return self._hits_locked(kind)
+
+    def hits_by_kind(self):
+        with self._lock:
+            return dict(self._hits)
+
+    def inflight(self):
+        """GCS requests being handled right now (exact)."""
+        with self._lock:
+            return self._inflight
+
+    def auth_failures(self):
+        with self._lock:
+            return self._auth_failures
+
+    def _hits_locked(self, kind):
+        if kind is None:
+            return sum(self._hits.values())
+        return self._hits.get(kind, 0)
+
+    def wait_for(self, what, count=1, timeout=5.0, kind=None):
+        """Block until hits(kind) >= count ('hits') or inflight() >= count
+        ('inflight'), or inflight() == 0 ('idle'). True if reached."""
+        if what == "hits":
+            pred = lambda: self._hits_locked(kind) >= count  # noqa: E731
+        elif what == "inflight":
+            pred = lambda: self._inflight >= count  # noqa: E731
+        elif what == "idle":
+            pred = lambda: self._inflight == 0  # noqa: E731
+        else:
+            raise FakeError(400, "what must be hits, inflight or idle")
+        with self._lock:
+            return self._changed.wait_for(pred, timeout)
+
+    def wait_for_hits(self, kind=None, count=1, timeout=5.0):
+        return self.wait_for("hits", count, timeout, kind)
+
+    def wait_for_inflight(self, count=1, timeout=5.0):
+        return self.wait_for("inflight", count, timeout)
+
+    def wait_idle(self, timeout=5.0):
+        return self.wait_for("idle", 0, timeout)
+
+    def wait_for_object(self, bucket, name, timeout=5.0, generation=None):
+        """Block until bucket/name exists (with a generation > generation
+        if given). True if it does."""
+        def pred():
+            obj = self._live_locked(bucket, name)
+            return obj is not None and (generation is None
+                                        or obj.generation > generation)
+        with self._lock:
+            return self._changed.wait_for(pred, timeout)
+
+    # ------------------------------------------------------------ internals
+    def _live_locked(self, bucket, name):
+        b = self._buckets.get(bucket)
+        return None if b is None else b.objects.get(name)
+
+    def _remove_locked(self, b, name):
+        del b.objects[name]
+        i = bisect.bisect_left(b.names, name)
+        del b.names[i]
+        self._changed.notify_all()
+
+    def _commit(self, bucket, name, data, ctype, fields, pre, crc, md5):
+        """Make data the live object bucket/name (preconditions checked
+        atomically with the write). Returns the new _Object."""
+        with self._lock:
+            b = self._buckets.get(bucket)
+            if b is None:
+                raise GcsError(404, "The specified bucket does not exist.")
+            cur = b.objects.get(name)
+            _check_preconditions(pre, cur)
+            gen = max(self._last_gen + 1, time.time_ns() // 1000)
+            self._last_gen = gen
+            obj = _Object()
+            obj.bucket, obj.name, obj.data = bucket, name, data
+            obj.generation, obj.metageneration = gen, 1
+            obj.content_type = ctype
+            obj.fields = fields
+            obj.crc32c, obj.md5 = crc, md5
+            obj.created = time.time()
+            if cur is None:
+                bisect.insort(b.names, name)
+            b.objects[name] = obj
+            self._changed.notify_all()
+            return obj
+
+    def _bucket(self, name):
+        with self._lock:
+            b = self._buckets.get(name)
+        if b is None:
+            raise GcsError(404, "The specified bucket does not exist.")
+        return b
+
+    def _inflight_delta(self, delta):
+        with self._lock:
+            self._inflight += delta
+            self._changed.notify_all()
+
+    def _arrive(self, method, path, query, headers, body_size, route, t0):
+        """Log a GCS request, count it and pick its fault, atomically."""
+        selected = {}
+        for h in LOG_HEADERS:
+            values = headers.get_all(h)
+            if values:
+                selected[h.lower()] = ", ".join(values)
+        entry = {"method": method, "path": path, "query": query,
+                 "headers": selected, "body_size": body_size,
+                 "kind": route.kind, "bucket": route.bucket,
+                 "object": route.object, "upload_id": route.upload_id,
+                 "time": t0, "status": None}
+        with self._lock:
+            self._log.append(entry)
+            if len(self._log) > LOG_LIMIT:
+                del self._log[:len(self._log) - LOG_LIMIT]
+            self._hits[route.kind] = self._hits.get(route.kind, 0) + 1
+            fault = None
+            for f in self._faults:
+                if self._fault_matches(f, method, path, route):
+                    fault = dict(f)
+                    if "count" in f:
+                        f["count"] -= 1
+                        if f["count"] <= 0:
+                            self._faults.remove(f)
+                    entry["fault"] = f["mode"]
+                    break
+            self._changed.notify_all()
+        return entry, fault
+
+    def _note(self, entry, **fields):
+        with self._lock:
+            entry.update(fields)
+
+    def _check_auth(self, headers):
+        """None if allowed, else the GcsError to answer (401)."""
+        with self._lock:
+            token = self._require_token
+        if token is None:
+            return None, None
+        got = headers.get("Authorization")
+        if got is None:
+            outcome = "missing"
+            err = GcsError(401, "Anonymous caller does not have access to "
+                                "the Google Cloud Storage resource. "
+                                "(fake-gcs requires 'Authorization: Bearer "
+                                "<token>')", "required",
+                           location=("header", "Authorization"))
+        elif got != f"Bearer {token}":
+            outcome = "invalid"
+            err = GcsError(401, "Invalid Credentials", "authError",
+                           location=("header", "Authorization"))
+        else:
+            return "ok", None
+        err.headers.append(("WWW-Authenticate",
+                            'Bearer realm="https://accounts.google.com/"'))
+        with self._lock:
+            self._auth_failures += 1
+        return outcome, err
+
+    # ------------------------------------------------------------ routing
+    def _route(self, method, path, query, headers):
+        try:
+            return self._route_inner(method, path, query, headers)
+        except GcsError as e:
+            r = _Route("invalid")
+            r.error = e
+            return r
+
+    def _route_inner(self, method, path, query, headers):
+        def unsupported(what):
+            r = _Route("unsupported")
+            r.what = what
+            return r
+
+        if path.startswith(UPLOAD_PREFIX + "/b/"):
+            bucket_raw, _, tail = path[len(UPLOAD_PREFIX) + 3:].partition("/")
+            if tail != "o":
+                return _Route()
+            r = _Route()
+            r.bucket = _unquote_strict(bucket_raw, "bucket name")
+            if "upload_id" in query:
+                r.upload_id = query["upload_id"]
+                with self._lock:
+                    s = self._sessions.get(r.upload_id)
+                if s is not None:
+                    r.object = s.name
+                if method == "DELETE":
+                    r.kind = "cancel"
+                elif method in ("PUT", "POST"):
+                    cr = headers.get("Content-Range", "")
+                    r.kind = ("query" if cr.strip().startswith("bytes */")
+                              else "chunk")
+                return r
+            if method != "POST":
+                return r
+            r.kind = query.get("uploadType")
+            r.object = query.get("name")
+            if r.kind not in ("media", "multipart", "resumable"):
+                r.kind = "invalid"
+                r.error = GcsError(400, UPLOAD_PARAMS_MESSAGE, "required")
+            return r
+
+        if path.startswith(DOWNLOAD_PREFIX + "/b/"):
+            bucket_raw, _, tail = path[len(DOWNLOAD_PREFIX) + 3:].partition(
+                "/")
+            if not tail.startswith("o/") or "/" in tail[2:] or \
+                    method not in ("GET", "HEAD"):
+                return _Route()
+            r = _Route("download")
+            r.bucket = _unquote_strict(bucket_raw, "bucket name")
+            r.object = _unquote_strict(tail[2:], "object name")
+            return r
+
+        if path == JSON_PREFIX + "/b":
+            if method == "GET":
+                return _Route("buckets")
+            if method == "POST":
+                return unsupported("bucket creation (create buckets with "
+                                   "--bucket or POST /_fake/bucket)")
+            return _Route()
+
+        if path.startswith(JSON_PREFIX + "/b/"):
+            bucket_raw, _, tail = path[len(JSON_PREFIX) + 3:].partition("/")
+            bucket = _unquote_strict(bucket_raw, "bucket name")
+            if tail == "":
+                if method == "GET":
+                    r = _Route("bucket")
+                    r.bucket = bucket
+                    return r
+                return unsupported(f"{method} on a bucket (bucket update, "
+                                   "patch and delete)")
+            if tail == "o":
+                if method == "GET":
+                    r = _Route("list")
+                    r.bucket = bucket
+                    return r
+                if method == "POST":
+                    r = _Route("invalid")
+                    r.error = GcsError(400, "Uploads go to "
+                                            f"{UPLOAD_PREFIX}/b/BUCKET/o "
+                                            "(fake-gcs)")
+                    return r
+                return _Route()
+            if tail.startswith("o/"):
+                name_raw = tail[2:]
+                if "/" in name_raw:
+                    _, _, sub = name_raw.partition("/")
+                    for prefix, what in (("acl", "object ACLs"),
+                                         ("compose", "compose"),
+                                         ("copyTo/", "copy"),
+                                         ("rewriteTo/", "rewrite")):
+                        if sub == prefix or sub.startswith(prefix.rstrip("/")
+                                                           + "/"):
+                            return unsupported(what)
+                    r = _Route()
+                    r.error = GcsError(404, "Not Found (fake-gcs: object "
+                                            "names must be percent-encoded "
+                                            "in the path, '/' as %2F)")
+                    return r
+                r = _Route()
+                r.bucket = bucket
+                r.object = _unquote_strict(name_raw, "object name")
+                if method in ("GET", "HEAD"):
+                    r.kind = ("download" if query.get("alt") == "media"
+                              else "get")
+                elif method == "DELETE":
+                    r.kind = "delete"
+                else:
+                    return unsupported(f"{method} on an object (metadata "
+                                       "update/patch)")
+                return r
+            for sub, what in (("acl", "bucket ACLs"),
+                              ("defaultObjectAcl", "default object ACLs"),
+                              ("iam", "IAM policies"),
+                              ("notificationConfigs", "notifications"),
+                              ("lockRetentionPolicy", "retention policies")):
+                if tail == sub or tail.startswith(sub + "/"):
+                    return unsupported(what)
+            return _Route()
+
+        if path.startswith(JSON_PREFIX + "/projects/"):
+            return unsupported("project resources (HMAC keys, service "
+                               "account)")
+        if path.startswith(JSON_PREFIX + "/"):
+            return _Route()
+        if path.startswith("/batch/"):
+            return unsupported("batch requests")
+        return unsupported("the XML API")
+
+    # ------------------------------------------------------------ handlers
+    def _handle(self, route, req, cut):
+        """Answer a routed request: returns a _Reply, or None when the
+        request was cut (reset) inside the handler. Raises GcsError."""
+        kind = route.kind
+        if kind == "invalid" or route.error is not None:
+            raise route.error
+        if kind == "unsupported":
+            raise GcsError(501, f"fake-gcs: {route.what} is not implemented "
+                                "by this fake (see tests/fakes/"
+                                "README_gcs.md)")
+        if kind == "unknown":
+            raise GcsError(404, "Not Found")
+        handler = getattr(self, "_do_" + kind)
+        return handler(route, req, cut)
+
+    def _do_buckets(self, route, req, cut):
+        if not req.query.get("project"):
+            raise GcsError(400, "Required parameter: project", "required")
+        with self._lock:
+            items = [self._buckets[n].resource(req.base)
+                     for n in sorted(self._buckets)]
+        out = {"kind": "storage#buckets"}
+        if items:
+            out["items"] = items
+        return _json_reply(out)
+
+    def _do_bucket(self, route, req, cut):
+        return _json_reply(self._bucket(route.bucket).resource(req.base))
+
+    def _check_acl(self, b, query, meta):
+        if b.uniform and (query.get("predefinedAcl")
+                          or (meta is not None and meta.get("acl"))):
+            raise GcsError(400, UBLA_MESSAGE)
+
+    def _do_media(self, route, req, cut):
+        b = self._bucket(route.bucket)
+        name = req.query.get("name")
+        if not name:
+            raise GcsError(400, UPLOAD_PARAMS_MESSAGE, "required")
+        _check_name(name)
+        self._check_acl(b, req.query, None)
+        pre = _preconditions(req.query)
+        expected = _goog_hash(req.headers)
+        crc, md5 = _hashes(req.body)
+        _verify(expected, crc, md5)
+        ctype = req.headers.get("Content-Type") or "application/octet-stream"
+        obj = self._commit(b.name, name, req.body, ctype, {}, pre, crc, md5)
+        return _json_reply(obj.resource(req.base))
+
+    def _do_multipart(self, route, req, cut):
+        b = self._bucket(route.bucket)
+        ctype = req.headers.get("Content-Type", "")
+        if ctype.split(";")[0].strip().lower() != "multipart/related":
+            raise GcsError(400, "Bad content type. Please use multipart.")
+        boundary = _content_type_param(ctype, "boundary")
+        if not boundary:
+            raise GcsError(400, "Malformed multipart body: no boundary "
+                                "parameter.")
+        parts = _parse_multipart(req.body, boundary)
+        if len(parts) != 2:
+            raise GcsError(400, "Malformed multipart body: expected 2 parts "
+                                f"(metadata, media), got {len(parts)}.")
+        (meta_headers, meta_raw), (data_headers, data) = parts
+        mt = meta_headers.get("content-type", "application/json")
+        if mt.split(";")[0].strip().lower() != "application/json":
+            raise GcsError(400, "Malformed multipart body: the first part "
+                                "must be JSON metadata.")
+        meta = _parse_json(meta_raw)
+        fields, expected = _metadata_fields(meta)
+        name = req.query.get("name") or meta.get("name")
+        if not name or not isinstance(name, str):
+            raise GcsError(400, UPLOAD_PARAMS_MESSAGE, "required")
+        _check_name(name)
+        self._check_acl(b, req.query, meta)
+        pre = _preconditions(req.query)
+        expected.update(_goog_hash(req.headers))
+        data = bytes(data)
+        crc, md5 = _hashes(data)
+        _verify(expected, crc, md5)
+        ctype = (meta.get("contentType") or data_headers.get("content-type")
+                 or "application/octet-stream")
+        obj = self._commit(b.name, name, data, ctype, fields, pre, crc, md5)
+        return _json_reply(obj.resource(req.base))
+
+    def _do_resumable(self, route, req, cut):
+        b = self._bucket(route.bucket)
+        meta = _parse_json(req.body) if bytes(req.body).strip() else {}
+        fields, expected = _metadata_fields(meta)
+        name = req.query.get("name") or meta.get("name")
+        if not name or not isinstance(name, str):
+            raise GcsError(400, UPLOAD_PARAMS_MESSAGE, "required")
+        _check_name(name)
+        self._check_acl(b, req.query, meta)
+        pre = _preconditions(req.query)
+        total = None
+        if req.headers.get("X-Upload-Content-Length") is not None:
+            try:
+                total = int(req.headers["X-Upload-Content-Length"])
+                if total < 0:
+                    raise ValueError
+            except ValueError:
+                raise GcsError(400, "Invalid X-Upload-Content-Length "
+                                    "header.") from None
+        s = _Session()
+        s.id = secrets.token_urlsafe(36)
+        s.bucket, s.name = b.name, name
+        s.content_type = (meta.get("contentType")
+                          or req.headers.get("X-Upload-Content-Type")
+                          or "application/octet-stream")
+        s.fields, s.expected, s.pre, s.total = fields, expected, pre, total
+        s.data, s.hasher = bytearray(), _Hasher()
+        s.state, s.result, s.error = "open", None, None
+        s.lock = threading.Lock()
+        s.created = time.time()
+        with self._lock:
+            self._sessions[s.id] = s
+        location = (f"{req.base}{UPLOAD_PREFIX}/b/{b.name}/o?uploadType="
+                    f"resumable&name={_quote(name)}&upload_id={s.id}")
+        return _Reply(200, b"", "text/plain; charset=utf-8",
+                      [("Location", location),
+                       ("X-GUploader-UploadID", s.id)])
+
+    def _session(self, route):
+        with self._lock:
+            s = self._sessions.get(route.upload_id)
+        if s is None or s.bucket != route.bucket or s.state == "cancelled":
+            raise GcsError(404, "No such upload session (fake-gcs: unknown, "
+                                "cancelled or for another bucket).")
+        return s
+
+    def _incomplete(self, s, req):
+        headers = [("X-GUploader-UploadID", s.id)]
+        if s.data:
+            headers.append(("Range", f"bytes=0-{len(s.data) - 1}"))
+        if req.headers.get("X-Guploader-No-308", "").lower() == "yes":
+            headers.append(("X-Http-Status-Code-Override", "308"))
+            return _Reply(200, b"", "text/plain; charset=utf-8", headers)
+        return _Reply(308, b"", "text/plain; charset=utf-8", headers)
+
+    def _done(self, s, req):
+        return _json_reply(s.result.resource(req.base),
+                           headers=[("X-GUploader-UploadID", s.id)])
+
+    def _finalize(self, s, req):
+        crc, md5 = s.hasher.b64()
+        try:
+            expected = dict(s.expected)
+            expected.update(_goog_hash(req.headers))
+            _verify(expected, crc, md5)
+            obj = self._commit(s.bucket, s.name, s.data, s.content_type,
+                               s.fields, s.pre, crc, md5)
+        except GcsError as e:
+            # A failed finalization ends the session; later requests on it
+            # get the same answer.
+            s.state, s.error, s.data = "failed", e, None
+            raise
+        s.state, s.result, s.data = "done", obj, None
+        return self._done(s, req)
+
+    def _do_query(self, route, req, cut):
+        return self._do_chunk(route, req, cut)
+
+    def _do_chunk(self, route, req, cut):
+        s = self._session(route)
+        with s.lock:
+            if s.state == "done":
+                return self._done(s, req)
+            if s.state == "failed":
+                raise s.error
+            if s.state == "cancelled":
+                raise GcsError(404, "No such upload session.")
+            return self._chunk_locked(s, req, cut)
+
+    def _chunk_locked(self, s, req, cut):
+        body = req.body
+        n = len(body)
+        have = len(s.data)
+        cr = req.headers.get("Content-Range")
+        if cr is None:
+            # No Content-Range: the body is the whole object.
+            start, end, total = (0, n - 1, n) if n else (None, None, 0)
+        else:
+            m = _CONTENT_RANGE.fullmatch(cr.strip())
+            if m is None:
+                raise GcsError(400, "Failed to parse Content-Range header.")
+            star, a, z, t = m.groups()
+            start = None if star else int(a)
+            end = None if star else int(z)
+            total = None if t == "*" else int(t)
+        if total is not None:
+            if s.total is not None and total != s.total:
+                raise GcsError(400, f"The total size {total} does not match "
+                                    f"the size declared earlier ({s.total}).")
+            if total < have:
+                raise GcsError(400, f"The total size {total} is smaller than "
+                                    f"the {have} byte(s) already persisted.")
+        if start is None:                         # bytes */TOTAL or */*
+            if n:
+                raise GcsError(400, "A 'bytes */N' request must have an "
+                                    "empty body.")
+            if total is not None and total == have:
+                return self._finalize(s, req)
+            if total is not None:
+                s.total = total
+            return self._incomplete(s, req)
+        if start > end:
+            raise GcsError(400, "Failed to parse Content-Range header.")
+        if n != end - start + 1:
+            raise GcsError(400, f"Content-Range {cr!r} does not match the "
+                                f"body length {n}.")
+        if total is not None and end + 1 > total:
+            raise GcsError(400, f"Content-Range {cr!r} goes past the total "
+                                "size.")
+        final = total is not None and end + 1 == total
+        if not final and n % QUANTUM:
+            raise GcsError(400, "Invalid request. The number of bytes "
+                                "uploaded is required to be a multiple of "
+                                f"{QUANTUM} bytes, except for the final "
+                                f"request. The received request contained "
+                                f"{n} bytes, which does not meet this "
+                                "requirement (fake-gcs is strict: see "
+                                "README_gcs.md).")
+        if start > have:
+            raise GcsError(400, "Invalid request. According to the "
+                                "Content-Range header, the upload offset is "
+                                f"{start} byte(s), which exceeds already "
+                                f"uploaded size of {have} byte(s).")
+        overlap = min(end + 1, have) - start
+        if overlap > 0 and s.data[start:start + overlap] != body[:overlap]:
+            raise GcsError(400, "Invalid request. The re-sent bytes "
+                                f"{start}-{start + overlap - 1} differ from "
+                                "the bytes already persisted (fake-gcs).")
+        if cut is not None:
+            # reset_mid_body: persist a 256 KiB-aligned prefix of the chunk
+            # (never all of it), then the connection drops.
+            want = cut.get("bytes", n // 2)
+            keep = (min(want, max(n - 1, 0)) // QUANTUM) * QUANTUM
+            if start + keep > have:
+                new = memoryview(body)[have - start:keep]
+                s.data += new
+                s.hasher.update(new)
+            if total is not None:
+                s.total = total
+            return None
+        if end + 1 > have:
+            new = memoryview(body)[have - start:]
+            s.data += new
+            s.hasher.update(new)
+        if total is not None:
+            s.total = total
+        if final:
+            return self._finalize(s, req)
+        return self._incomplete(s, req)
+
+    def _do_cancel(self, route, req, cut):
+        s = self._session(route)
+        with s.lock:
+            if s.state == "done":
+                return self._done(s, req)
+            s.state, s.data = "cancelled", None
+        return _Reply(499, b"", "text/plain; charset=utf-8")
+
+    def _live(self, route, req, remove=False):
+        """The object a GET/DELETE names, after generation/precondition
+        checks (404 / 412 as GCS); removed atomically if remove."""
+        gen = (_int_param(req.query, "generation", 0)
+               if "generation" in req.query else None)
+        pre = _preconditions(req.query)
+        with self._lock:
+            b = self._buckets.get(route.bucket)
+            if b is None:
+                raise GcsError(404, "The specified bucket does not exist.")
+            obj = b.objects.get(route.object)
+            if obj is None or (gen is not None and gen != obj.generation):
+                raise GcsError(404, f"No such object: {route.bucket}/"
+                                    f"{route.object}")
+            _check_preconditions(pre, obj)
+            if remove:
+                self._remove_locked(b, route.object)
+        return obj
+
+    def _do_get(self, route, req, cut):
+        return _json_reply(self._live(route, req).resource(req.base))
+
+    def _do_delete(self, route, req, cut):
+        self._live(route, req, remove=True)
+        return _Reply(204, b"", "application/json; charset=UTF-8")
+
+    def _do_download(self, route, req, cut):
+        obj = self._live(route, req)
+        size = len(obj.data)
+        headers = [
+            ("X-Goog-Hash", f"crc32c={obj.crc32c},md5={obj.md5}"),
+            ("X-Goog-Generation", str(obj.generation)),
+            ("X-Goog-Metageneration", str(obj.metageneration)),
+            ("X-Goog-Stored-Content-Length", str(size)),
+            ("X-Goog-Stored-Content-Encoding", "identity"),
+            ("ETag", _etag(obj.generation, obj.metageneration)),
+            ("Last-Modified", email.utils.formatdate(obj.created,
+                                                     usegmt=True)),
+            ("Accept-Ranges", "bytes")]
+        view = memoryview(obj.data)
+        rng = req.headers.get("Range")
+        m = _RANGE.fullmatch(rng.strip()) if rng else None
+        if m is not None and (m.group(1) or m.group(2)):
+            a, z = m.groups()
+            if a:
+                first = int(a)
+                last = min(int(z), size - 1) if z else size - 1
+                bad = first >= size or (z and int(z) < first)
+            else:                                  # suffix: last N bytes
+                first, last = max(size - int(z), 0), size - 1
+                bad = int(z) == 0 or size == 0
+            if bad:
+                raise GcsError(416, "The requested range cannot be "
+                                    "satisfied.", headers=[
+                                        ("Content-Range", f"bytes */{size}")])
+            headers.append(("Content-Range", f"bytes {first}-{last}/{size}"))
+            return _Reply(206, view[first:last + 1], obj.content_type,
+                          headers)
+        return _Reply(200, view, obj.content_type, headers)
+
+    def _do_list(self, route, req, cut):
+        b = self._bucket(route.bucket)
+        q = req.query
+        prefix = q.get("prefix", "")
+        delim = q.get("delimiter", "")
+        start_off = q.get("startOffset", "")
+        end_off = q.get("endOffset", "")
+        trailing = q.get("includeTrailingDelimiter", "").lower() == "true"
+        limit = MAX_RESULTS
+        if "maxResults" in q:
+            limit = min(_int_param(q, "maxResults", 1), MAX_RESULTS)
+        resume = None
+        if q.get("pageToken"):
+            try:
+                resume = json.loads(base64.urlsafe_b64decode(
+                    q["pageToken"].encode("ascii")).decode("utf-8"))
+                if not (isinstance(resume, list) and len(resume) == 2 and
+                        resume[0] in ("n", "p") and
+                        isinstance(resume[1], str)):
+                    raise ValueError
+            except (ValueError, UnicodeError, binascii.Error):
+                raise GcsError(400, "Invalid argument: pageToken") from None
+        items, prefixes = [], []
+        with self._lock:
+            names = b.names
+            i = bisect.bisect_left(names, max(prefix, start_off))
+            if resume is not None:
+                kind, key = resume
+                i = max(i, bisect.bisect_right(names, key) if kind == "n"
+                        else bisect.bisect_left(names, _successor(key)))
+            last = None
+            while i < len(names) and len(items) + len(prefixes) < limit:
+                name = names[i]
+                if not name.startswith(prefix) or (end_off and
+                                                   name >= end_off):
+                    i = len(names)
+                    break
+                if delim:
+                    j = name.find(delim, len(prefix))
+                    if j >= 0:
+                        p = name[:j + len(delim)]
+                        prefixes.append(p)
+                        if trailing and name == p:
+                            items.append(b.objects[name].resource(req.base))
+                        last = ["p", p]
+                        i = bisect.bisect_left(names, _successor(p))
+                        continue
+                items.append(b.objects[name].resource(req.base))
+                last = ["n", name]
+                i += 1
+            more = (i < len(names) and names[i].startswith(prefix)
+                    and not (end_off and names[i] >= end_off))
+        out = {"kind": "storage#objects"}
+        if prefixes:
+            out["prefixes"] = prefixes
+        if items:
+            out["items"] = items
+        if more and last is not None:
+            out["nextPageToken"] = base64.urlsafe_b64encode(
+                json.dumps(last).encode()).decode("ascii")
+        return _json_reply(out)
+
+
+def _successor(p):
+    """The smallest string greater than every string starting with p."""
+    while p:
+        c = ord(p[-1])
+        if c < 0x10FFFF:
+            return p[:-1] + chr(c + 1)
+        p = p[:-1]
+    return "\U0010ffff" * 2
+
+
+class _Request:
+    __slots__ = ("method", "path", "query", "headers", "body", "base")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"      # keep-alive, like the real service
+    server_version = "UploadServer"
+
+    def version_string(self):
+        return self.server_version
+
+    def log_message(self, fmt, *args):
+        pass  # the fake keeps its own structured log
+
+    def do_GET(self):
+        self._dispatch()
+
+    do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_GET
+
+    # ------------------------------------------------------------ plumbing
+    def _read_body(self):
+        te = self.headers.get("Transfer-Encoding")
+        if te is not None:
+            if te.strip().lower() != "chunked":
+                raise _BodyError(GcsError(501, f"Transfer-Encoding {te!r} "
+                                               "is not supported."))
+            return self._read_chunked()
+        cl = self.headers.get("Content-Length")
+        if cl is None:
+            if self.command in ("POST", "PUT", "PATCH"):
+                raise _BodyError("411")
+            return b""
+        try:
+            n = int(cl)
+            if n < 0:
+                raise ValueError
+        except ValueError:
+            raise _BodyError(GcsError(400, "Bad Content-Length.")) from None
+        if n == 0:
+            return b""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.rfile.readinto(view[got:got + IO_BLOCK])
+            if not k:
+                raise _BodyError(None)
+            got += k
+        return buf
+
+    def _read_chunked(self):
+        parts = []
+        while True:
+            line = self.rfile.readline(4096)
+            if not line.endswith(b"\n"):
+                raise _BodyError(None if not line else GcsError(
+                    400, "Bad chunked encoding."))
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _BodyError(GcsError(400, "Bad chunked encoding.")) \
+                    from None
+            if size == 0:
+                while True:                      # trailers, then CRLF
+                    t = self.rfile.readline(4096)
+                    if t in (b"\r\n", b"\n"):
+                        return b"".join(parts)
+                    if not t:
+                        raise _BodyError(None)
+            data = self.rfile.read(size)
+            if len(data) != size:
+                raise _BodyError(None)
+            parts.append(data)
+            if self.rfile.read(2) != b"\r\n":
+                raise _BodyError(GcsError(400, "Bad chunked encoding."))
+
+    def _reset(self):
+        """Abort with RST (SO_LINGER 0), as a dropped connection would."""
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+        except OSError:
+            pass
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                   struct.pack("ii", 1, 0))
+        self.rfile.close()       # makefile() holds a ref that defers close
+        self.connection.close()
+
+    def _send(self, reply, entry=None, cut_bytes=None, close=False):
+        """Write a reply. cut_bytes: send only that much of the body, then
+        reset (reset_mid_body)."""
+        if entry is not None:
+            # Recorded before the bytes leave, so a client that reads the
+            # log right after its response always sees the status.
+            self.fake._note(entry, status=reply.code)
+        self.send_response(reply.code, STATUS_TEXT.get(reply.code))
+        body = reply.body
+        self.send_header("Content-Type", reply.ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        view = memoryview(body)
+        end = len(view) if cut_bytes is None else min(cut_bytes, len(view))
+        for off in range(0, end, IO_BLOCK):
+            self.wfile.write(view[off:min(off + IO_BLOCK, end)])
+        if cut_bytes is not None:
+            self._reset()
+
+    def _dispatch(self):
+        self.fake = self.server.fake
+        url = urllib.parse.urlsplit(self.path)
+        if url.path.startswith(CONTROL):
+            self._control(url)
+            return
+        self.fake._inflight_delta(+1)
+        try:
+            self._serve(url)
+        finally:
+            self.fake._inflight_delta(-1)
+
+    def _serve(self, url):
+        fake = self.fake
+        t0 = time.time()
+        query = dict(urllib.parse.parse_qsl(url.query,
+                                            keep_blank_values=True))
+        route = fake._route(self.command, url.path, query, self.headers)
+        try:
+            body = self._read_body()
+        except _BodyError as e:
+            entry, _ = fake._arrive(self.command, url.path, query,
+                                    self.headers, None, route, t0)
+            if e.answer is None:
+                fake._note(entry, outcome="aborted")
+                self.close_connection = True
+            elif e.answer == "411":
+                self._send(_Reply(411, b"<p>POST requests require a "
+                                       b"<code>Content-length</code> "
+                                       b"header. That's all we know.</p>",
+                                  "text/html; charset=UTF-8"), entry)
+            else:
+                self._send(_error_reply(e.answer), entry, close=True)
+            return
+        if route.kind in ("multipart", "resumable") and route.object is None:
+            route.object = _peek_name(route.kind, self.headers, body)
+        entry, fault = fake._arrive(self.command, url.path, query,
+                                    self.headers, len(body), route, t0)
+        mode = fault["mode"] if fault else None
+        if mode == "slow":
+            time.sleep(fault["delay_ms"] / 1000.0)
+        elif mode == "status":
+            code = fault["code"]
+            text = http.server.BaseHTTPRequestHandler.responses.get(
+                code, ("",))[0]
+            err = GcsError(code, f"fake-gcs: injected HTTP {code}"
+                                 + (f" ({text})" if text else ""))
+            self._send(_error_reply(err), entry)
+            return
+        elif mode == "reset_before" or (
+                mode == "reset_mid_body" and route.kind in (
+                    "media", "multipart", "resumable", "query", "cancel")):
+            fake._note(entry, outcome=mode)
+            self._reset()
+            return
+
+        req = _Request()
+        req.method, req.path, req.query = self.command, url.path, query
+        req.headers, req.body = self.headers, body
+        host = self.headers.get("Host") or f"{fake.host}:{fake.port}"
+        req.base = f"http://{host}"
+
+        auth, err = fake._check_auth(self.headers)
+        if auth is not None:
+            fake._note(entry, auth=auth)
+        if err is not None:
+            self._send(_error_reply(err), entry)
+            return
+
+        chunk_cut = fault if (mode == "reset_mid_body"
+                              and route.kind == "chunk") else None
+        try:
+            reply = fake._handle(route, req, chunk_cut)
+        except GcsError as e:
+            reply = _error_reply(e)
+        if reply is None:                       # chunk cut mid-body
+            fake._note(entry, outcome=mode)
+            self._reset()
+            return
+        if mode == "reset_after":
+            fake._note(entry, outcome=mode, would_status=reply.code)
+            self._reset()
+            return
+        if mode == "reset_mid_body":
+            n = len(reply.body)
+            fake._note(entry, outcome=mode, would_status=reply.code)
+            if n == 0:              # nothing to cut: the answer is lost
+                self._reset()
+            else:
+                self._send(reply, None, cut_bytes=min(
+                    fault.get("bytes", n // 2), n - 1))
+            return
+        self._send(reply, entry)
+
+    # ------------------------------------------------------------ control
+    def _control(self, url):
+        fake = self.fake
+        name = url.path[len(CONTROL):].strip("/")
+        q = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        method = self.command
+        status, raw = 200, None
+        try:
+            body = self._read_body()
+        except _BodyError:
+            self.close_connection = True
+            return
+        try:
+            def data():
+                return json.loads(body) if bytes(body).strip() else {}
+            if method == "POST" and name == "bucket":
+                d = data()
+                result = fake.create_bucket(d["name"],
+                                            d.get("uniform_access", True))
+            elif method == "GET" and name == "buckets":
+                result = fake.buckets()
+            elif method == "GET" and name == "objects":
+                result = fake.objects(q["bucket"], q.get("prefix", ""))
+            elif method == "GET" and name == "object":
+                raw = fake.get_object_bytes(q["bucket"], q["name"])
+            elif method in ("PUT", "POST") and name == "object":
+                meta = json.loads(q["metadata"]) if "metadata" in q else None
+                result = fake.put_object(
+                    q["bucket"], q["name"], bytes(body),
+                    q.get("content_type", "application/octet-stream"), meta)
+            elif method == "DELETE" and name == "object":
+                result = fake.delete_object(q["bucket"], q["name"])
+            elif method == "GET" and name == "uploads":
+                result = fake.uploads()
+            elif method == "POST" and name == "fault":
+                result = fake.fault(data())
+            elif method == "GET" and name == "fault":
+                result = fake.current_faults()
+            elif method == "GET" and name == "log":
+                result = fake.log()
+            elif method == "POST" and name == "reset-log":
+                fake.reset_log()
+                result = {"ok": True}
+            elif method == "POST" and name == "reset":
+                fake.reset(keep_buckets=data().get("keep_buckets", True))
+                result = {"ok": True}
+            elif method == "GET" and name == "hits":
+                result = {"count": fake.hits(q.get("kind")),
+                          "by_kind": fake.hits_by_kind()}
+            elif method == "GET" and name == "inflight":
+                result = {"count": fake.inflight()}
+            elif method == "POST" and name == "auth":
+                fake.set_require_token(data().get("token"))
+                result = {"ok": True}
+            elif method == "GET" and name == "wait":
+                what = q.get("what", "hits")
+                timeout = float(q.get("timeout", "5"))
+                if what == "object":
+                    ok = fake.wait_for_object(q["bucket"], q["name"], timeout)
+                    result = {"ok": ok}
+                else:
+                    count = int(q.get("count", "1"))
+                    ok = fake.wait_for(what, count, timeout, q.get("kind"))
+                    result = {"ok": ok, "hits": fake.hits(q.get("kind")),
+                              "inflight": fake.inflight()}
+                status = 200 if ok else 408
+            else:
+                raise FakeError(404, f"no control operation {method} "
+                                     f"/_fake/{name}")
+        except FakeError as e:
+            status, result, raw = e.code, {"error": e.message}, None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            status, result, raw = 400, {"error": f"bad request: {e!r}"}, None
+        if raw is not None:
+            reply = _Reply(200, raw, "application/octet-stream")
+        else:
+            reply = _Reply(status, json.dumps(result).encode(),
+                           "application/json")
+        self._send(reply, close=True)
+
+
+def _peek_name(kind, headers, body):
+    """Object name from multipart/resumable metadata, for logs and fault
+    matching only (errors are reported by the real handler)."""
+    try:
+        if kind == "resumable":
+            meta = json.loads(bytes(body)) if bytes(body).strip() else {}
+        else:
+            boundary = _content_type_param(headers.get("Content-Type", ""),
+                                           "boundary")
+            meta = json.loads(bytes(_parse_multipart(body, boundary)[0][1]))
+        name = meta.get("name")
+        return name if isinstance(name, str) else None
+    except Exception:  # noqa: BLE001 - malformed input is answered later
+        return None
+
+
+# ---------------------------------------------------------------- script
+def _write_atomic(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _serve(args):
+    # Block the stop signals in every thread (threads inherit the mask)
+    # and take them synchronously with sigwait.
+    sigs = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    srv = FakeGcsServer(args.host, args.port, buckets=args.bucket,
+                        require_token=args.require_token,
+                        fine_grained_buckets=args.fine_grained_bucket)
+    srv.start()
+    print(f"fake-gcs listening on {args.host}:{srv.port} "
+          f"(STORAGE_EMULATOR_HOST={srv.base_url})", flush=True)
+    if args.port_file:
+        _write_atomic(args.port_file, f"{srv.port}\n")
+    signal.sigwait(sigs)
+    srv.stop()
+    return 0
+
+
+def _ctl(args):
+    base = f"http://{args.host}:{args.port}{CONTROL}"
+    op, rest = args.op, args.args
+    raw_out = False
+
+    def need(lo, hi, usage):
+        if not lo <= len(rest) <= hi:
+            raise SystemExit(f"usage: ctl {op} {usage}")
+
+    def qs(**kw):
+        return "?" + urllib.parse.urlencode({k: v for k, v in kw.items()
+                                             if v is not None})
+    payload = None
+    if op == "bucket":
+        need(1, 2, "NAME [fine-grained]")
+        req = ("POST", "bucket", {"name": rest[0], "uniform_access":
+                                  rest[1:] != ["fine-grained"]})
+    elif op == "buckets":
+        need(0, 0, "")
+        req = ("GET", "buckets", None)
+    elif op == "objects":
+        need(1, 2, "BUCKET [PREFIX]")
+        req = ("GET", "objects" + qs(bucket=rest[0],
+                                     prefix=rest[1] if len(rest) > 1
+                                     else None), None)
+    elif op == "get":
+        need(2, 2, "BUCKET NAME   (bytes to stdout)")
+        req = ("GET", "object" + qs(bucket=rest[0], name=rest[1]), None)
+        raw_out = True
+    elif op == "put":
+        need(3, 4, "BUCKET NAME FILE|- [CONTENT_TYPE]")
+        if rest[2] == "-":
+            payload = sys.stdin.buffer.read()
+        else:
+            with open(rest[2], "rb") as f:
+                payload = f.read()
+        req = ("PUT", "object" + qs(bucket=rest[0], name=rest[1],
+                                    content_type=rest[3] if len(rest) > 3
+                                    else None), None)
+    elif op == "delete":
+        need(2, 2, "BUCKET NAME")
+        req = ("DELETE", "object" + qs(bucket=rest[0], name=rest[1]), None)
+    elif op == "uploads":
+        need(0, 0, "")
+        req = ("GET", "uploads", None)
+    elif op == "fault":
+        need(1, 1, "JSON")
+        req = ("POST", "fault", json.loads(rest[0]))
+    elif op == "faults":
+        need(0, 0, "")
+        req = ("GET", "fault", None)
+    elif op in ("log", "inflight"):
+        need(0, 0, "")
+        req = ("GET", op, None)
+    elif op in ("reset-log", "reset"):
+        need(0, 0, "")
+        req = ("POST", op, {})
+    elif op == "hits":
+        need(0, 1, "[KIND]")
+        req = ("GET", "hits" + qs(kind=rest[0] if rest else None), None)
+    elif op == "auth":
+        need(1, 1, "TOKEN|none")
+        req = ("POST", "auth", {"token": None if rest[0] == "none"
+                                else rest[0]})
+    elif op == "wait":
+        usage = ("hits KIND [COUNT] | inflight [COUNT] | idle | "
+                 "object BUCKET NAME")
+        if not rest:
+            raise SystemExit(f"usage: ctl wait {usage}")
+        what = rest[0]
+        params = {"what": what, "timeout": str(args.timeout)}
+        if what == "hits" and len(rest) in (2, 3):
+            params.update(kind=rest[1], count=rest[2] if len(rest) == 3
+                          else "1")
+        elif what == "inflight" and len(rest) in (1, 2):
+            params["count"] = rest[1] if len(rest) == 2 else "1"
+        elif what == "idle" and len(rest) == 1:
+            pass
+        elif what == "object" and len(rest) == 3:
+            params.update(bucket=rest[1], name=rest[2])
+        else:
+            raise SystemExit(f"usage: ctl wait {usage}")
+        req = ("GET", "wait?" + urllib.parse.urlencode(params), None)
+    else:
+        raise SystemExit(f"unknown ctl operation {op!r}")
+    method, name, body = req
+    data = payload if payload is not None else (
+        None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(base + name, data=data, method=method)
+    if payload is None and body is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout + 5) as r:
+            out = r.read()
+            if raw_out:
+                sys.stdout.buffer.write(out)
+                sys.stdout.buffer.flush()
+            else:
+                print(out.decode(), flush=True)
+            return 0
+    except urllib.error.HTTPError as e:
+        print(e.read().decode(), flush=True)
+        return 1
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run the fake until SIGTERM/SIGINT")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0)
+    s.add_argument("--port-file")
+    s.add_argument("--bucket", action="append", default=[],
+                   help="create this bucket (uniform bucket-level access)")
+    s.add_argument("--fine-grained-bucket", action="append", default=[],
+                   help="create this bucket with ACLs allowed (ignored)")
+    s.add_argument("--require-token",
+                   help="answer 401 unless 'Authorization: Bearer TOKEN'")
+    c = sub.add_parser("ctl", help="talk to a running fake's control API")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, required=True)
+    c.add_argument("--timeout", type=float, default=5.0,
+                   help="for 'wait': seconds to wait (default 5)")
+    c.add_argument("op", help="bucket|buckets|objects|get|put|delete|uploads|"
+                              "fault|faults|log|reset-log|reset|hits|"
+                              "inflight|auth|wait")
+    c.add_argument("args", nargs="*")
+    args = parser.parse_args(argv)
+    return _serve(args) if args.cmd == "serve" else _ctl(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

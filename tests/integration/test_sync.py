@@ -1,0 +1,146 @@
+"""Checkpoint sync through the real binary: restore at boot, periodic, on-demand and final syncs, DONE."""
+import json
+import os
+import signal
+import unittest
+
+from harness import SpotvisorTestCase, FAKE_TRAINER, wait_until
+
+
+class SyncTestBase(SpotvisorTestCase):
+    """Runs against a file:// bucket; GcsSyncTest reruns every test against the fake GCS server."""
+
+    def setUp(self):
+        super().setUp()
+        self.bucket_dir = self.path("bucket")
+        self.extra_env = {}
+
+    def bucket(self):
+        return f"file://{self.bucket_dir}"
+
+    def objects(self):
+        """Object names under RUN_ID/, relative."""
+        root = os.path.join(self.bucket_dir, "run1")
+        out = []
+        for d, _, files in os.walk(root):
+            for f in files:
+                if f != ".lock":
+                    out.append(os.path.relpath(os.path.join(d, f), root))
+        return sorted(out)
+
+    def object_bytes(self, name):
+        with open(os.path.join(self.bucket_dir, "run1", name), "rb") as f:
+            return f.read()
+
+    def put_object(self, name, data):
+        p = os.path.join(self.bucket_dir, "run1", name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+
+    def manifest(self):
+        return json.loads(self.object_bytes("manifest.json"))
+
+    def vm(self, trainer_args, ckpt="ckpt", **sets):
+        """One 'boot' of a VM with its own (initially empty) checkpoint disk."""
+        base = {"bucket": self.bucket(), "run-id": "run1", "checkpoint-dir": self.path(ckpt),
+                "sync-interval": "0", "sync-settle": "0s"}
+        base.update(sets)
+        return self.run_trainer(trainer_args, sets=base, env=self.extra_env)
+
+    def test_preempted_then_resumed_on_a_new_vm(self):
+        p = self.vm(["--checkpoint-every", "50", "--marker-file", self.path("marker")])
+        p.wait_trainer_ready()
+        wait_until(lambda: len(os.listdir(self.path("ckpt"))) >= 3, what="three checkpoints")
+        self.wait_parked()
+        self.metadata.set("instance/preempted", "TRUE")
+        self.assertEqual(p.wait_exit(), 130)
+        final = p.wait_event("sync.complete", kind="final")
+        self.assertGreaterEqual(final["files_uploaded"], 3)
+        self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
+        names = [e["event"] for e in p.events]
+        self.assertLess(names.index("sync.complete"), names.index("run.end"), "final sync before the run ends")
+        local = sorted(os.listdir(self.path("ckpt")))
+        self.assertEqual(sorted(f["path"] for f in self.manifest()["files"]), local,
+                         "the trainer's last checkpoint (written on SIGINT) is in the manifest")
+        self.assertNotIn("DONE", self.objects(), "no DONE after a preemption")
+
+        # A new VM, same run-id, empty disk: restore, then the trainer starts resumed.
+        self.metadata.set("instance/preempted", "FALSE")
+        p2 = self.vm(["--print-env", "--run-for", "10"], ckpt="ckpt2")
+        self.assertEqual(p2.wait_exit(), 0)
+        restore = p2.wait_event("restore.complete")
+        self.assertEqual(restore["files"], len(local))
+        env = {e["message"].split("=", 1)[0]: e["message"].split("=", 1)[1]
+               for e in p2.find("trainer.output", stream="stdout") if "=" in e["message"]}
+        self.assertEqual(env.get("SPOTVISOR_RESUMED"), "1")
+        for name in local:
+            with open(self.path(f"ckpt/{name}"), "rb") as a, open(self.path(f"ckpt2/{name}"), "rb") as b:
+                self.assertEqual(a.read(), b.read(), name)
+        self.assertIn("DONE", self.objects())
+        done = json.loads(self.object_bytes("DONE"))
+        self.assertEqual(done["exit_code"], 0)
+        self.assertEqual(p2.wait_event("run.end")["reason"], "completed")
+
+    def test_only_the_delta_is_uploaded_by_the_final_sync(self):
+        os.makedirs(self.path("ckpt"))
+        for i in range(5):
+            with open(self.path(f"ckpt/old-{i}"), "w") as f:
+                f.write("x" * 1000)
+        p = self.vm(["--marker-file", self.path("marker")])
+        p.wait_trainer_ready()
+        p.signal(signal.SIGUSR1)  # spotvisor sync
+        first = p.wait_event("sync.complete", kind="on-demand")
+        self.assertEqual(first["files_uploaded"], 5)
+        with open(self.path("ckpt/new"), "w") as f:
+            f.write("y" * 10)
+        self.wait_parked()
+        self.metadata.set("instance/preempted", "TRUE")
+        p.wait_exit()
+        final = p.wait_event("sync.complete", kind="final")
+        # The delta: our new file and the checkpoint the trainer wrote on SIGINT.
+        trainer_ckpts = [f for f in os.listdir(self.path("ckpt")) if f.startswith("ckpt-")]
+        self.assertEqual(len(trainer_ckpts), 1)
+        ckpt_size = os.path.getsize(self.path("ckpt/" + trainer_ckpts[0]))
+        self.assertEqual((final["files_uploaded"], final["bytes"], final["files"]), (2, 10 + ckpt_size, 7))
+
+    def test_a_finished_run_is_not_trained_again(self):
+        p = self.vm(["--checkpoint-every", "20", "--run-for", "100"], **{"on-exit": "poweroff",
+                    "shutdown-command": f"echo off >> {self.path('off')}"})
+        self.assertEqual(p.wait_exit(), 0)
+        p.wait_event("done.written")
+        p2 = self.vm(["--marker-file", self.path("marker2")], ckpt="ckpt2", **{"on-exit": "poweroff",
+                     "shutdown-command": f"echo off >> {self.path('off')}"})
+        self.assertEqual(p2.wait_exit(), 0)
+        self.assertEqual(p2.wait_event("run.end")["reason"], "already-done")
+        p2.wait_event("run.already_done")
+        self.assertFalse(p2.find("trainer.start"))
+        self.assertEqual(self.read("off"), "off\noff\n", "on-exit ran once per boot")
+
+    def test_a_failed_restore_does_not_start_a_fresh_trainer(self):
+        self.put_object("manifest.json", b'{"version":1,"sequence":3,"files":[{"path":"m","object":"checkpoints/m~3",'
+                                         b'"size":4,"crc32c":"AAAAAA==","generation":1}]}')
+        p = self.vm(["--marker-file", self.path("marker")])
+        self.assertEqual(p.wait_exit(), 74)
+        self.assertFalse(p.find("trainer.start"))
+        self.assertEqual(self.marker_lines(), [])
+        self.assertEqual(p.wait_event("run.end")["reason"], "restore-failed")
+        self.assertIn("m", p.wait_event("restore.failed")["error"])
+
+    def test_periodic_syncs_while_training(self):
+        p = self.vm(["--checkpoint-every", "30"], **{"sync-interval": "500ms"})
+        p.wait_trainer_ready()
+        p.wait_event("sync.complete", kind="periodic")
+        e = wait_until(lambda: [x for x in p.find("sync.complete", kind="periodic") if x["sequence"] >= 2], what="2 periodic syncs")
+        self.assertGreaterEqual(e[0]["files"], 1)
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+        p.wait_event("sync.complete", kind="final")
+
+
+class FileSyncTest(SyncTestBase):
+    pass
+
+
+if __name__ == "__main__":
+    unittest.main(defaultTest="FileSyncTest")
