@@ -8,6 +8,7 @@
 
 #include "app/engine.h"
 #include "app/status_command.h"
+#include "common/duration.h"
 #include "config/config_file.h"
 #include "config/keys.h"
 
@@ -30,6 +31,8 @@ const char* const kUsage =
     "                                        show the resolved configuration\n"
     "  spotvisor status [--state-dir DIR] [--config FILE] [--json]\n"
     "                                        show the running daemon's state\n"
+    "  spotvisor sync [--state-dir DIR] [--config FILE] [--timeout DURATION]\n"
+    "                                        sync checkpoints to the bucket now\n"
     "  spotvisor version\n"
     "\n"
     "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
@@ -71,6 +74,12 @@ const std::map<std::string, std::string> kHelp = {
      "Prints the running daemon's phase, since when, the trainer's pid and the last event, from\n"
      "STATE_DIR/status.json (state-dir from --state-dir, else the config file, else /run/spotvisor).\n"
      "Exit status: 0 while spotvisor runs, 3 when it is not running, 4 when there is no status.\n"},
+    {"sync",
+     "Usage: spotvisor sync [--state-dir DIR] [--config FILE] [--timeout DURATION]\n"
+     "\n"
+     "Asks the running spotvisor to sync checkpoints to its bucket now (the same as sending it\n"
+     "SIGUSR1) and waits for the result (default timeout 10m). Exit status: 0 synced, 1 the sync\n"
+     "failed, 3 spotvisor is not running, 4 no status, 5 no bucket configured, 6 timed out.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -79,6 +88,7 @@ struct Args {
   EngineOptions engine;
   bool json = false;
   std::string state_dir;
+  std::chrono::milliseconds timeout{600'000};
 };
 
 int Usage(const std::string& problem) {
@@ -107,6 +117,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"run", {"--config", "--set", "--"}},
         {"config", {"--config", "--set", "--json"}},
         {"status", {"--config", "--state-dir", "--json"}},
+        {"sync", {"--config", "--state-dir", "--timeout"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -143,6 +154,10 @@ int Parse(int argc, char** argv, Args& a) {
       a.engine.config_path_given = true;
     } else if (flag == "--state-dir") {
       a.state_dir = value;
+    } else if (flag == "--timeout") {
+      auto d = spotvisor::ParseDuration(value);
+      if (!d.ok()) return Usage("--timeout: " + d.status().message());
+      a.timeout = *d;
     } else if (flag == "--set") {
       auto kv = spotvisor::ParseSetFlag(value);
       if (!kv.ok()) return Usage(kv.status().message());
@@ -180,6 +195,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (a.command == "status") return spotvisor::PrintStatus(StateDir(a), a.json);
+  if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);
   if (a.command == "config") return spotvisor::PrintConfig(a.engine, a.json);
   return spotvisor::RunEngine(a.engine);
 }

@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -43,6 +45,51 @@ int PrintStatus(const std::string& state_dir, bool json) {
                 e.value("time", "").c_str());
   }
   return running ? 0 : 3;
+}
+
+int RequestSync(const std::string& state_dir, std::chrono::milliseconds timeout) {
+  auto st = ReadStatusFile(state_dir);
+  if (!st.ok()) {
+    std::fprintf(stderr, "spotvisor sync: no status in %s (%s); is spotvisor running?\n", state_dir.c_str(),
+                 st.status().message().c_str());
+    return 4;
+  }
+  int pid = st->value("spotvisor_pid", 0);
+  if (pid <= 0 || st->value("phase", "") == "done" || kill(pid, 0) != 0) {
+    std::fprintf(stderr, "spotvisor sync: spotvisor is not running (last phase: %s)\n", st->value("phase", "?").c_str());
+    return 3;
+  }
+  if (!st->contains("bucket")) {
+    std::fprintf(stderr, "spotvisor sync: no bucket is configured, nothing to sync to\n");
+    return 5;
+  }
+  std::string before = st->contains("last_sync") ? (*st)["last_sync"].dump() : "";
+  if (kill(pid, SIGUSR1) != 0) {
+    std::fprintf(stderr, "spotvisor sync: cannot signal pid %d: %s\n", pid, std::strerror(errno));
+    return 3;
+  }
+  std::printf("sync requested from spotvisor (pid %d) to %s ...\n", pid, st->value("bucket", "").c_str());
+  std::fflush(stdout);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Polling a small local file is the simplest channel a CLI has; the
+    // daemon rewrites it when the sync ends.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto now = ReadStatusFile(state_dir);
+    if (!now.ok() || !now->contains("last_sync")) continue;
+    auto const& ls = (*now)["last_sync"];
+    if (ls.dump() == before) continue;
+    if (ls.value("ok", false)) {
+      std::printf("%s sync #%lld done: %d file(s), %lld bytes uploaded\n", ls.value("kind", "").c_str(),
+                  static_cast<long long>(ls.value("sequence", 0)), ls.value("files_uploaded", 0),
+                  static_cast<long long>(ls.value("bytes", 0)));
+      return 0;
+    }
+    std::fprintf(stderr, "sync failed: %s\n", ls.value("error", "").c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "spotvisor sync: no result within the timeout; see the logs (sync.complete / sync.failed)\n");
+  return 6;
 }
 
 }  // namespace spotvisor

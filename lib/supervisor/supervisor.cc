@@ -443,6 +443,7 @@ void Supervisor::WriteStatus(const LogEvent& last) {
   };
   if (auto r = machine_.end_reason()) j["reason"] = EndReasonName(*r);
   if (!last_sync_.is_null()) j["last_sync"] = last_sync_;
+  if (options_.sync) j["bucket"] = options_.sync->Describe();
   if (machine_.phase() == Phase::kDone) j["exit_code"] = machine_.exit_code();
   auto s = WriteStatusFile(c.state_dir, j);
   if (!s.ok() && s.message() != status_error_) {

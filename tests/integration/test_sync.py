@@ -127,6 +127,24 @@ class SyncTestBase(SpotvisorTestCase):
         self.assertEqual(p.wait_event("run.end")["reason"], "restore-failed")
         self.assertIn("m", p.wait_event("restore.failed")["error"])
 
+    def test_the_sync_command_asks_the_daemon_and_reports(self):
+        import subprocess
+        from harness import SPOTVISOR
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/weights"), "w") as f:
+            f.write("w" * 123)
+        p = self.vm([])
+        p.wait_trainer_ready()
+        out = subprocess.run([SPOTVISOR, "sync", "--state-dir", self.path("state"), "--timeout", "20s"],
+                             capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"on-demand sync #1 done: 1 file\(s\), 123 bytes uploaded")
+        self.assertIn("weights", [f["path"] for f in self.manifest()["files"]])
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+        out = subprocess.run([SPOTVISOR, "sync", "--state-dir", self.path("state")], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 3)
+
     def test_periodic_syncs_while_training(self):
         p = self.vm(["--checkpoint-every", "30"], **{"sync-interval": "500ms"})
         p.wait_trainer_ready()
