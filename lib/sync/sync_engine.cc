@@ -89,7 +89,8 @@ Status MakeParentsNoSymlinks(const std::string& dir, const std::string& rel) {
   std::string cur = dir;
   auto parts = fs::path(rel).parent_path();
   for (auto const& part : parts) {
-    cur += "/" + part.string();
+    cur += '/';
+    cur += part.string();
     struct stat st {};
     if (lstat(cur.c_str(), &st) == 0) {
       if (S_ISLNK(st.st_mode)) return PermissionDeniedError(fmt::format("refusing to restore through symlink {}", cur));
