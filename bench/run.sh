@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds spotvisor and the fake trainer in build-release (Release) and runs
+# every benchmark with its defaults: preemption latency (100 flips each,
+# spotvisor and the blog's bash script interleaved), behaviour in odd cases,
+# and idle RSS/CPU over 60 s. Usage, from anywhere: bash bench/run.sh
+# See docs/benchmarks.md for what the numbers mean.
+set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1  # keep bench/ free of __pycache__
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+bash scripts/install-deps.sh
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON >/dev/null
+cmake --build build-release --target spotvisor fake_trainer
+
+echo
+echo "== machine"
+echo "nproc: $(nproc)"
+echo "cpu: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+echo "kernel: $(uname -srm)"
+# shellcheck source=/dev/null
+echo "os: $(. /etc/os-release && echo "$PRETTY_NAME")"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+
+echo
+echo "== preemption latency (bench/preempt_latency.py)"
+python3 bench/preempt_latency.py
+if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then
+  echo
+  echo "== the same with state-dir on tmpfs (/dev/shm), as /run is on a GCE VM"
+  python3 bench/preempt_latency.py --tmp /dev/shm
+fi
+
+echo
+echo "== behaviour in odd cases (bench/semantics.py)"
+python3 bench/semantics.py
+
+echo
+echo "== idle cost (bench/idle.py)"
+python3 bench/idle.py
