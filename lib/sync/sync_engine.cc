@@ -281,6 +281,15 @@ StatusOr<SyncStats> SyncEngine::Sync(bool final) {
   });
   if (!s.ok()) return s;
 
+  // Nothing uploaded and no file gone: the committed manifest already says
+  // all there is to say. A no-op sync writes nothing.
+  if (stats.files_uploaded == 0 && next.size() == state_.size()) {
+    stats.files_total = static_cast<int>(state_.size());
+    stats.sequence = sequence_;
+    stats.seconds = Since(start, clock_);
+    return stats;
+  }
+
   Json files = Json::array();
   for (auto const& [path, u] : next) {
     files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},

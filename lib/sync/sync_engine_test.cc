@@ -125,7 +125,12 @@ TEST_CASE("incremental: unchanged files are never uploaded twice; the old versio
   auto e = Engine(d, clock);
   REQUIRE(e.Restore().ok());
   REQUIRE(e.Sync(true)->files_uploaded == 2);
-  CHECK(e.Sync(true)->files_uploaded == 0);
+  auto manifest_before = fs::last_write_time(d.bucket + "/run1/manifest.json");
+  auto noop = e.Sync(true);
+  REQUIRE(noop.ok());
+  CHECK(noop->files_uploaded == 0);
+  CHECK(noop->sequence == 1);  // no new commit
+  CHECK(fs::last_write_time(d.bucket + "/run1/manifest.json") == manifest_before);
   Write(d.ckpt + "/b", "b2-longer");
   auto s = e.Sync(true);
   REQUIRE(s.ok());
@@ -137,7 +142,7 @@ TEST_CASE("incremental: unchanged files are never uploaded twice; the old versio
     objects.push_back(fs::relative(entry.path(), d.bucket + "/run1/checkpoints").string());
   }
   std::sort(objects.begin(), objects.end());
-  CHECK(objects == std::vector<std::string>{"a~1", "b~3"});
+  CHECK(objects == std::vector<std::string>{"a~1", "b~2"});
 }
 
 TEST_CASE("a sync cut off before its commit leaves the previous checkpoint restorable") {
@@ -149,11 +154,11 @@ TEST_CASE("a sync cut off before its commit leaves the previous checkpoint resto
     REQUIRE(e.Restore().ok());
     REQUIRE(e.Sync(true).ok());
   }
-  Write(d.ckpt + "/model", "epoch-2, half uploaded");
   {
     SyncOptions o{d.ckpt, "run1", "vm-a", 2, 5s};
     SyncEngine e(std::make_unique<FailingStore>(MakeFileObjectStore(d.bucket + "/run1"), "manifest.json"), o, clock);
     REQUIRE(e.Restore().ok());
+    Write(d.ckpt + "/model", "epoch-2, half uploaded");
     auto s = e.Sync(true);
     CHECK_FALSE(s.ok());
   }
@@ -180,6 +185,22 @@ TEST_CASE("two VMs sharing a run-id cannot overwrite each other's commit") {
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().code() == StatusCode::kFailedPrecondition);
   CHECK(s.status().message().find("another VM is using run-id \"run1\"") != std::string::npos);
+}
+
+TEST_CASE("a deleted file is dropped from the next manifest and its object deleted") {
+  Dirs d;
+  FakeClock clock;
+  Write(d.ckpt + "/keep", "k");
+  Write(d.ckpt + "/gone", "g");
+  auto e = Engine(d, clock);
+  REQUIRE(e.Restore().ok());
+  REQUIRE(e.Sync(true).ok());
+  fs::remove(d.ckpt + "/gone");
+  auto s = e.Sync(true);
+  REQUIRE(s.ok());
+  CHECK(s->files_total == 1);
+  CHECK(s->files_deleted == 1);
+  CHECK_FALSE(fs::exists(d.bucket + "/run1/checkpoints/gone~1"));
 }
 
 TEST_CASE("fresh files wait for sync-settle, except in the final sync") {
