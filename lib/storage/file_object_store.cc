@@ -127,6 +127,14 @@ class FileObjectStore final : public ObjectStore {
     return out;
   }
 
+  Status CheckAccess() override {
+    std::error_code ec;
+    fs::create_directories(root_, ec);
+    if (ec) return ErrnoToStatus(ec.value(), "creating " + root_);
+    if (access(root_.c_str(), W_OK) != 0) return ErrnoToStatus(errno, root_);
+    return OkStatus();
+  }
+
   Status Delete(const std::string& name, const Precondition& pre) override {
     auto lock = Lock();
     if (!lock.ok()) return lock.status();

@@ -197,6 +197,21 @@ class GcsObjectStore final : public ObjectStore {
     return out;
   }
 
+  // A one-item list: it needs storage.objects.list only, which
+  // roles/storage.objectAdmin has (unlike storage.buckets.get).
+  Status CheckAccess() override {
+    return Retry([&]() -> Status {
+      auto r = Perform(Request("GET", fmt::format("{}/storage/v1/b/{}/o?maxResults=1&prefix={}&fields=items(name)", o_.endpoint,
+                                                  o_.bucket, UrlEncode(FullName("")))));
+      if (!r.ok()) return r.status();
+      if (r->status == 200) return OkStatus();
+      if (r->status == 404) {
+        return NotFoundError(fmt::format("bucket gs://{} does not exist (HTTP 404: {})", o_.bucket, ServerMessage(*r)));
+      }
+      return HttpError(*r, "listing " + BucketUrl(), BucketUrl());
+    });
+  }
+
   Status Delete(const std::string& name, const Precondition& pre) override {
     auto s = Retry([&]() -> Status {
       auto r = Perform(Request("DELETE", ObjectUrl(name) + Query(pre, '?')));

@@ -42,6 +42,9 @@ class ObjectStore {
   virtual StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) = 0;
   // Deleting an object that is already gone is not an error.
   virtual Status Delete(const std::string& name, const Precondition& pre) = 0;
+  // Can we list (and so probably use) the store? Run before training, so a
+  // missing bucket or a missing permission is found before hours of work.
+  virtual Status CheckAccess() = 0;
   // "gs://bucket/prefix" or "file:///dir", for messages.
   virtual std::string Describe() const = 0;
 };

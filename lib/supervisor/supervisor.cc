@@ -302,10 +302,15 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
   if (!final) sync_in_flight_ = false;
   if (r.ok()) {
     double mbps = r->seconds > 0 ? static_cast<double>(r->bytes_uploaded) / 1e6 / r->seconds : 0;
-    logger_.Info("sync.complete",
-                 fmt::format("{} sync #{}: {} of {} file(s) uploaded, {} bytes in {:.2f}s ({:.1f} MB/s){}", kind, r->sequence,
-                             r->files_uploaded, r->files_total, r->bytes_uploaded, r->seconds, mbps,
-                             r->files_deferred ? fmt::format("; {} still being written, left for next time", r->files_deferred) : ""),
+    std::string deferred =
+        r->files_deferred ? fmt::format("; {} still being written, left for next time", r->files_deferred) : "";
+    std::string message =
+        r->files_uploaded == 0 && r->files_deleted == 0
+            ? fmt::format("{} sync: nothing new to upload ({} file(s) as in commit #{}){}", kind, r->files_total, r->sequence,
+                          deferred)
+            : fmt::format("{} sync #{}: {} of {} file(s) uploaded, {} bytes in {:.2f}s ({:.1f} MB/s){}", kind, r->sequence,
+                          r->files_uploaded, r->files_total, r->bytes_uploaded, r->seconds, mbps, deferred);
+    logger_.Info("sync.complete", message,
                  {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
                   {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},
                   {"duration_s", r->seconds}, {"throughput_mbps", mbps}});

@@ -124,6 +124,7 @@ StatusOr<RestoreStats> SyncEngine::Restore() {
   std::lock_guard lk(mu_);
   auto start = clock_.Now();
   RestoreStats stats;
+  if (auto s = store_->CheckAccess(); !s.ok()) return s;
   auto done = store_->ReadBytes(kDone);
   if (done.ok()) {
     stats.done = true;

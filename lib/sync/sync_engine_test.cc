@@ -39,6 +39,7 @@ class FailingStore final : public ObjectStore {
   StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p) override { return inner_->DownloadToFile(n, p); }
   StatusOr<std::vector<ObjectInfo>> List(const std::string& p) override { return inner_->List(p); }
   Status Delete(const std::string& n, const Precondition& pre) override { return inner_->Delete(n, pre); }
+  Status CheckAccess() override { return inner_->CheckAccess(); }
   std::string Describe() const override { return inner_->Describe(); }
 
  private:

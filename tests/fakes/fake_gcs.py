@@ -65,6 +65,7 @@ LOG_LIMIT = 10000              # newest entries kept; hit counters are exact
 MAX_RESULTS = 1000             # list default and cap
 PROJECT_NUMBER = "123456789"
 NAME_MAX_BYTES = 1024
+PARALLEL_HASH_MIN = 4 << 20    # hash MD5 and CRC32C concurrently above this
 
 FAULT_MODES = ("none", "status", "reset_before", "reset_mid_body",
                "reset_after", "slow")
@@ -142,11 +143,26 @@ def _b64(raw):
     return base64.b64encode(raw).decode("ascii")
 
 
+def _update_both(crc, md5, data):
+    """Feed data to both digests. hashlib releases the GIL on large
+    buffers and crcmod does not, so for big buffers MD5 runs in a helper
+    thread while CRC32C runs here: the two overlap on separate cores."""
+    if len(data) < PARALLEL_HASH_MIN:
+        crc.update(data)
+        md5.update(data)
+        return
+    helper = threading.Thread(target=md5.update, args=(data,),
+                              name="fake-gcs-md5", daemon=True)
+    helper.start()
+    crc.update(data)
+    helper.join()
+
+
 def _hashes(data):
     """(crc32c, md5Hash) of data, base64 of the big-endian digests."""
-    crc = _CRC32C.new()
-    crc.update(data)
-    return _b64(crc.digest()), _b64(hashlib.md5(data).digest())
+    crc, md5 = _CRC32C.new(), hashlib.md5()
+    _update_both(crc, md5, data)
+    return _b64(crc.digest()), _b64(md5.digest())
 
 
 class _Hasher:
@@ -159,8 +175,7 @@ class _Hasher:
         self.md5 = hashlib.md5()
 
     def update(self, data):
-        self.crc.update(data)
-        self.md5.update(data)
+        _update_both(self.crc, self.md5, data)
 
     def b64(self):
         return _b64(self.crc.digest()), _b64(self.md5.digest())
@@ -1564,12 +1579,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         return b"".join(parts)
                     if not t:
                         raise _BodyError(None)
-            data = self.rfile.read(size)
-            if len(data) != size:
+            data = self.rfile.read(size + 2)      # chunk data + CRLF
+            if len(data) != size + 2:
                 raise _BodyError(None)
-            parts.append(data)
-            if self.rfile.read(2) != b"\r\n":
+            if data[size:] != b"\r\n":
                 raise _BodyError(GcsError(400, "Bad chunked encoding."))
+            parts.append(memoryview(data)[:size])
 
     def _reset(self):
         """Abort with RST (SO_LINGER 0), as a dropped connection would."""
@@ -1815,10 +1830,14 @@ def _serve(args):
     # and take them synchronously with sigwait.
     sigs = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    srv = FakeGcsServer(args.host, args.port, buckets=args.bucket,
-                        require_token=args.require_token,
-                        fine_grained_buckets=args.fine_grained_bucket)
-    srv.start()
+    try:
+        srv = FakeGcsServer(args.host, args.port, buckets=args.bucket,
+                            require_token=args.require_token,
+                            fine_grained_buckets=args.fine_grained_bucket)
+        srv.start()
+    except (FakeError, OSError) as e:
+        print(f"fake-gcs: {e}", file=sys.stderr, flush=True)
+        return 2
     print(f"fake-gcs listening on {args.host}:{srv.port} "
           f"(STORAGE_EMULATOR_HOST={srv.base_url})", flush=True)
     if args.port_file:
