@@ -246,5 +246,28 @@ class GcsSyncTest(SyncTestBase):
         self.assertNotIn("DONE", self.objects())
 
 
+class GcsAuthTest(SpotvisorTestCase):
+    def test_the_token_comes_from_the_metadata_server_and_is_never_logged(self):
+        from fake_gcs import FakeGcsServer
+        gcs = FakeGcsServer(buckets=["auth-bucket"], require_token="fake-token-1").start()
+        self.addCleanup(gcs.stop)
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/w"), "w") as f:
+            f.write("w")
+        # No STORAGE_EMULATOR_HOST: authentication stays on, the endpoint is configured.
+        p = self.run_trainer(["--run-for", "10"], sets={
+            "bucket": "gs://auth-bucket", "run-id": "r", "storage-endpoint": f"http://127.0.0.1:{gcs.port}",
+            "sync-interval": "0", "sync-settle": "0s"}, env={"STORAGE_EMULATOR_HOST": ""})
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-15:]))
+        p.wait_event("done.written")
+        # The fake answers 401 to any request without "Bearer fake-token-1",
+        # so a finished run means every request carried it; it was fetched
+        # once and cached.
+        self.assertGreater(len(gcs.log()), 3)
+        self.assertFalse([e for e in gcs.log() if e["status"] in (401, 403)])
+        self.assertEqual(self.metadata.hits("instance/service-accounts/default/token"), 1)
+        self.assertNotIn("fake-token", "".join(p.raw) + p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
