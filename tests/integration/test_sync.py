@@ -227,6 +227,51 @@ class GcsSyncTest(SyncTestBase):
         with open(self.path("ckpt/big"), "rb") as a, open(self.path("ckpt2/big"), "rb") as b:
             self.assertEqual(a.read(), b.read())
 
+    def test_kill_9_in_the_middle_of_a_sync_leaves_the_previous_checkpoint(self):
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(b"epoch-1" * 1000)
+        p = self.vm(["--marker-file", self.path("marker")])
+        p.wait_trainer_ready()
+        p.signal(signal.SIGUSR1)
+        p.wait_event("sync.complete", kind="on-demand")
+        # Epoch 2 is big and its upload slow: the power goes in the middle.
+        epoch2 = os.urandom(20 * 1024 * 1024)
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(epoch2)
+        self.gcs.fault("slow", delay_ms=30000, upload_type="chunk")
+        p.signal(signal.SIGUSR1)
+        self.assertTrue(self.gcs.wait_for_inflight(1, 20), "the upload never started")
+        p.proc.kill()  # SIGKILL: no final sync, no cleanup
+        p.wait_exit()
+        self.gcs.fault("none")
+        p2 = self.vm(["--run-for", "10"], ckpt="ckpt2")
+        self.assertEqual(p2.wait_exit(), 0)
+        self.assertEqual(p2.wait_event("restore.complete")["sequence"], 1)
+        with open(self.path("ckpt2/model"), "rb") as f:
+            self.assertEqual(f.read(), b"epoch-1" * 1000)
+
+    def test_a_file_rewritten_during_its_upload_is_sent_again(self):
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(os.urandom(20 * 1024 * 1024))
+        p = self.vm(["--marker-file", self.path("marker")])
+        p.wait_trainer_ready()
+        self.gcs.fault("slow", delay_ms=1500, upload_type="chunk", count=1)
+        p.signal(signal.SIGUSR1)
+        # The first chunk is being held: the old file is open and half sent.
+        self.assertTrue(self.gcs.wait_for_hits("chunk", 1, 20))
+        final = os.urandom(20 * 1024 * 1024)
+        with open(self.path("ckpt/model.tmp"), "wb") as f:
+            f.write(final)
+        os.rename(self.path("ckpt/model.tmp"), self.path("ckpt/model"))  # how trainers save
+        done = p.wait_event("sync.complete", kind="on-demand")
+        self.assertEqual(done["files_uploaded"], 1)
+        entry = [f for f in self.manifest()["files"] if f["path"] == "model"][0]
+        self.assertEqual(self.object_bytes(entry["object"]), final, "the manifest points at the new bytes")
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+
     def test_a_missing_bucket_is_caught_before_training(self):
         p = self.vm(["--marker-file", self.path("marker")], bucket="gs://no-such-bucket")
         self.assertEqual(p.wait_exit(), 74)
