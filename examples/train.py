@@ -54,7 +54,8 @@ def main():
 
     state = load(ckpt_dir)
     epoch, step, loss = (state["epoch"], state["step"], state["loss"]) if state else (1, 0, 2.5)
-    print(f"run {os.environ.get('SPOTVISOR_RUN_ID', '?')}: "
+    resumed = os.environ.get("SPOTVISOR_RESUMED") == "1"
+    print(f"run {os.environ.get('SPOTVISOR_RUN_ID', '?')} (SPOTVISOR_RESUMED={int(resumed)}): "
           + (f"resuming at epoch {epoch} step {step}" if state else "starting from scratch"), flush=True)
 
     while epoch <= args.epochs:
