@@ -61,6 +61,7 @@ UPLOAD_PREFIX = "/upload/storage/v1"
 DOWNLOAD_PREFIX = "/download/storage/v1"
 QUANTUM = 256 * 1024           # resumable chunks: multiples of 256 KiB
 IO_BLOCK = 1 << 20             # socket reads/writes in 1 MiB slices
+SMALL_BODY = 64 * 1024         # bodies sent in the same write as headers
 LOG_LIMIT = 10000              # newest entries kept; hit counters are exact
 MAX_RESULTS = 1000             # list default and cap
 PROJECT_NUMBER = "123456789"
@@ -558,6 +559,8 @@ class FakeGcsServer:
         self._buckets = {}
         self._sessions = {}
         self._faults = []
+        self._fault_epoch = 0     # bumped when the rules are replaced
+        self._stopping = False
         self._log = []
         self._hits = {}
         self._inflight = 0
@@ -573,6 +576,8 @@ class FakeGcsServer:
 
     # ------------------------------------------------------------ lifecycle
     def start(self):
+        with self._lock:
+            self._stopping = False
         listener = _Listener((self.host, self.port), self)
         self.port = listener.server_address[1]
         thread = threading.Thread(target=listener.serve_forever,
@@ -583,6 +588,9 @@ class FakeGcsServer:
         return self
 
     def stop(self):
+        with self._lock:
+            self._stopping = True          # releases 'slow' delays
+            self._changed.notify_all()
         listener, thread = self._listener, self._thread
         self._listener = self._thread = None
         if listener is None:
@@ -590,8 +598,6 @@ class FakeGcsServer:
         listener.shutdown()
         listener.server_close()
         thread.join()
-        with self._lock:
-            self._changed.notify_all()
 
     def __enter__(self):
         return self.start()
@@ -723,8 +729,9 @@ class FakeGcsServer:
         (media/multipart/resumable/chunk/query), kind (any request kind).
         count=N: the rule applies to the next N matching requests, then
         goes away. add=True appends the rule (the first matching rule
-        wins); otherwise it replaces all rules. A dict spec is accepted as
-        the first argument.
+        wins); otherwise it replaces all rules. Replacing or clearing the
+        rules (and stop()) releases requests currently held by 'slow'.
+        A dict spec is accepted as the first argument.
         """
         spec = dict(mode) if isinstance(mode, dict) else dict(params,
                                                                mode=mode)
@@ -737,6 +744,9 @@ class FakeGcsServer:
                 self._faults.append(spec)
             else:
                 self._faults = [spec]
+            if not add:
+                self._fault_epoch += 1     # releases 'slow' delays
+                self._changed.notify_all()
             return [dict(f) for f in self._faults]
 
     def current_faults(self):
@@ -756,10 +766,9 @@ class FakeGcsServer:
         if mode == "status":
             allowed.add("code")
             code = spec.setdefault("code", 503)
-            if not isinstance(code, int) or not 100 <= code <= 599 \
-                    or code in (204, 304):
-                raise FakeError(400, "code must be an HTTP status code "
-                                     "that carries a body")
+            if not isinstance(code, int) or not 400 <= code <= 599:
+                raise FakeError(400, "code must be an HTTP error status "
+                                     "(400-599)")
         if mode == "reset_mid_body":
             allowed.add("bytes")
             if "bytes" in spec and (not isinstance(spec["bytes"], int)
@@ -953,6 +962,18 @@ class FakeGcsServer:
                     break
             self._changed.notify_all()
         return entry, fault
+
+    def _delay(self, seconds):
+        """Sleep for a 'slow' fault; cut short when the rules are replaced
+        or cleared, or the server stops."""
+        deadline = time.monotonic() + seconds
+        with self._lock:
+            epoch = self._fault_epoch
+            while not self._stopping and self._fault_epoch == epoch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._changed.wait(remaining)
 
     def _note(self, entry, **fields):
         with self._lock:
@@ -1524,6 +1545,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):
         pass  # the fake keeps its own structured log
 
+    def setup(self):
+        super().setup()
+        # Headers and body may leave in separate writes: without NODELAY,
+        # Nagle + the client's delayed ACK stall every keep-alive request
+        # by ~40 ms.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def do_GET(self):
         self._dispatch()
 
@@ -1614,13 +1642,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        if self.command == "HEAD":
-            return
         view = memoryview(body)
         end = len(view) if cut_bytes is None else min(cut_bytes, len(view))
-        for off in range(0, end, IO_BLOCK):
-            self.wfile.write(view[off:min(off + IO_BLOCK, end)])
+        if self.command == "HEAD":
+            end = 0
+        self._headers_buffer.append(b"\r\n")
+        if end <= SMALL_BODY:
+            # One write for headers + small body.
+            self._headers_buffer.append(bytes(view[:end]))
+            self.flush_headers()
+        else:
+            self.flush_headers()
+            for off in range(0, end, IO_BLOCK):
+                self.wfile.write(view[off:min(off + IO_BLOCK, end)])
+        if self.command == "HEAD":
+            return
         if cut_bytes is not None:
             self._reset()
 
@@ -1664,7 +1700,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                     self.headers, len(body), route, t0)
         mode = fault["mode"] if fault else None
         if mode == "slow":
-            time.sleep(fault["delay_ms"] / 1000.0)
+            fake._delay(fault["delay_ms"] / 1000.0)
         elif mode == "status":
             code = fault["code"]
             text = http.server.BaseHTTPRequestHandler.responses.get(
