@@ -54,6 +54,7 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
       return v.status();
     }
   }
+  if (auto p = client.Get("instance/scheduling/preemptible"); p.ok()) m.preemptible = p->value;
   m.available = true;
   return m;
 }
@@ -317,12 +318,20 @@ int RunEngine(const EngineOptions& options) {
   MetadataSnapshot metadata = **std::move(loaded);
   auto result = LoadConfig(options, metadata);
   PrepareHost(result, options.mode);
+  // Labels first, so every line about this run carries them.
+  if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
+  if (result.config) logger.SetLabel("run_id", result.config->run_id);
   for (auto const& w : result.warnings) logger.Warn("config.warning", w);
   if (!result.config) return EndWithConfigError(result, options.mode, logger);
   Config config = *result.config;
+  // Legacy preemptible VMs are always stopped after 24 h; a run that hits
+  // that wall gets no graceful stop unless max-runtime comes first.
+  if (metadata.preemptible == "TRUE" && (config.max_runtime.count() == 0 || config.max_runtime >= std::chrono::hours(24))) {
+    logger.Warn("config.warning",
+                "this is a legacy preemptible VM, which GCE stops after 24h: set spotvisor-max-runtime (e.g. 23h30m) so the "
+                "trainer is stopped and its checkpoint synced before that");
+  }
   if (config.log_format != options.log_format) SetUpLogging(logger, config.log_format);
-  logger.SetLabel("run_id", config.run_id);
-  if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
 
   SupervisorOptions so;
   so.config = config;

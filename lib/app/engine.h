@@ -33,6 +33,7 @@ struct MetadataSnapshot {
   std::map<std::string, std::string> instance_attributes, project_attributes;
   std::string instance_name;
   MetadataValue preempted, maintenance;
+  std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on legacy preemptible VMs
 };
 
 // Daemon mode, or GCE_METADATA_HOST set: metadata is required, so retry

@@ -158,6 +158,17 @@ class Resolver {
     }
   }
 
+  void Integer(const std::string& key, int lo, int hi, int& out) {
+    auto v = std::string(Trim(Get(key).value));
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < lo || n > hi) {
+      Error(key, fmt::format("\"{}\" is not a whole number from {} to {}", v, lo, hi));
+      return;
+    }
+    out = static_cast<int>(n);
+  }
+
   // A key whose value is one of a fixed set of words.
   template <typename T>
   void OneOf(const std::string& key, std::initializer_list<std::pair<const char*, T>> choices, T& out) {
@@ -249,16 +260,12 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   }
   c.sync_interval = res.Duration("sync-interval", c.sync_interval);
   c.sync_settle = res.Duration("sync-settle", c.sync_settle);
-  {
-    auto v = std::string(Trim(res.Get("sync-parallelism").value));
-    char* end = nullptr;
-    long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || n < 1 || n > 64) {
-      res.Error("sync-parallelism", fmt::format("\"{}\" is not a whole number from 1 to 64", v));
-    } else {
-      c.sync_parallelism = static_cast<int>(n);
-    }
-  }
+  res.Integer("sync-parallelism", 1, 64, c.sync_parallelism);
+  res.OneOf<bool>("restart", {{"never", false}, {"on-failure", true}}, c.restart_on_failure);
+  res.Integer("max-restarts", 0, 1000, c.max_restarts);
+  c.restart_delay = res.Duration("restart-delay", c.restart_delay);
+  c.max_runtime = res.Duration("max-runtime", c.max_runtime);
+  c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
   c.storage_endpoint = std::string(Trim(res.Get("storage-endpoint").value));
   if (!StartsWith(c.storage_endpoint, "http://") && !StartsWith(c.storage_endpoint, "https://")) {
     res.Error("storage-endpoint", fmt::format("\"{}\" is not an http:// or https:// URL", c.storage_endpoint));

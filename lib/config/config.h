@@ -62,6 +62,11 @@ struct Config {
   int sync_parallelism = 4;
   std::chrono::milliseconds sync_settle{10'000};
   std::string storage_endpoint;
+  bool restart_on_failure = false;
+  int max_restarts = 3;
+  std::chrono::milliseconds restart_delay{10'000};
+  std::chrono::milliseconds max_runtime{0};  // 0: none
+  std::chrono::milliseconds maintenance_stop_lead{0};
 };
 
 struct ConfigResult {

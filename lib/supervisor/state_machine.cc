@@ -46,6 +46,7 @@ const char* PhaseName(Phase p) {
     case Phase::kRunning: return "running";
     case Phase::kStopping: return "stopping";
     case Phase::kDraining: return "draining";
+    case Phase::kRestarting: return "restarting";
     case Phase::kSyncing: return "syncing";
     case Phase::kFinishing: return "finishing";
     case Phase::kDone: return "done";
@@ -62,6 +63,7 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kStopped: return "stopped";
     case EndReason::kAlreadyDone: return "already-done";
     case EndReason::kRestoreFailed: return "restore-failed";
+    case EndReason::kMaxRuntime: return "max-runtime";
   }
   return "?";
 }
@@ -88,6 +90,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
           [&](const StartEvent& e) {
             if (phase_ != Phase::kStarting) return;
             started_ = now;
+            if (options_.max_runtime.count() > 0) max_runtime_at_ = now + options_.max_runtime;
             if (e.already_preempted || e.maintenance_terminate) {
               reason_ = e.already_preempted ? EndReason::kPreempted : EndReason::kMaintenance;
               exit_code_ = kExitPreemptedBeforeStart;
@@ -131,14 +134,16 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             out.push_back(SpawnTrainer{e.resumed});
           },
           [&](const TrainerSpawned& e) {
-            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring) return;
+            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
             trainer_pid_ = e.pid;
             trainer_started_ = now;
             trainer_ran_ = true;
+            leader_exited_ = false;
             EnterPhase(Phase::kRunning, now, std::nullopt, fmt::format("trainer started as pid {}", e.pid));
+            deadline_ = RunningDeadline();
           },
           [&](const TrainerSpawnFailed& e) {
-            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring) return;
+            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
             reason_ = EndReason::kFailed;
             exit_code_ = e.exit_code;
             Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
@@ -153,12 +158,27 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 {{"phase", PhaseName(phase_)}});
             if (phase_ == Phase::kRunning) BeginStop(EndReason::kPreempted, now, out);
             if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kPreempted;
+            if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kPreempted, now, out);
           },
           [&](const MaintenanceNotice& e) {
             if (e.value == "TERMINATE_ON_HOST_MAINTENANCE") {
+              bool scheduled = phase_ == Phase::kRunning && options_.maintenance_stop_lead.count() > 0;
               Log(Severity::kWarning, "maintenance.detected",
-                  "host maintenance will terminate this VM: stopping the trainer", {{"value", e.value}});
-              if (phase_ == Phase::kRunning) BeginStop(EndReason::kMaintenance, now, out);
+                  scheduled ? fmt::format("host maintenance will terminate this VM: syncing now, stopping the trainer in {}",
+                                          FormatDuration(options_.maintenance_stop_lead))
+                            : std::string("host maintenance will terminate this VM: stopping the trainer"),
+                  {{"value", e.value}});
+              if (scheduled) {
+                // Notice, not an emergency: save now, stop between steps later.
+                if (!maintenance_stop_at_) {
+                  maintenance_stop_at_ = now + options_.maintenance_stop_lead;
+                  if (options_.sync) out.push_back(SyncNow{"maintenance"});
+                  deadline_ = RunningDeadline();
+                }
+              } else if (phase_ == Phase::kRunning) {
+                BeginStop(EndReason::kMaintenance, now, out);
+              }
+              if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kMaintenance, now, out);
               if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kMaintenance;
             } else {
               // Live migration pauses the VM briefly; the trainer carries on.
@@ -180,6 +200,9 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 reason_ = EndReason::kStopped;
                 exit_code_ = 128 + e.signo;
                 break;
+              case Phase::kRestarting:
+                StopFromIdle(EndReason::kStopped, now, out);
+                break;
               // A second request to stop means "stop faster".
               case Phase::kStopping: Escalate(now, out, "asked again to stop"); break;
               case Phase::kFinishing:
@@ -195,6 +218,13 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             if (phase_ == Phase::kDraining) AfterDraining(now, out);
           },
           [&](const SyncDone& e) {
+            if (!e.final) {
+              if (phase_ == Phase::kRestarting && restart_sync_pending_) {
+                restart_sync_pending_ = false;
+                RestartIfReady(out);
+              }
+              return;
+            }
             if (phase_ != Phase::kSyncing) return;
             if (!e.ok && *reason_ == EndReason::kCompleted) exit_code_ = kExitSyncFailed;
             Finish(now, out);
@@ -210,6 +240,25 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
           [&](const DeadlineReached&) {
             if (!deadline_ || now < *deadline_) return;
             switch (phase_) {
+              case Phase::kRunning:
+                if (maintenance_stop_at_ && now >= *maintenance_stop_at_) {
+                  BeginStop(EndReason::kMaintenance, now, out);
+                } else if (max_runtime_at_ && now >= *max_runtime_at_) {
+                  Log(Severity::kWarning, "run.max_runtime",
+                      fmt::format("max-runtime {} reached: stopping the trainer", FormatDuration(options_.max_runtime)));
+                  BeginStop(EndReason::kMaxRuntime, now, out);
+                }
+                break;
+              case Phase::kRestarting:
+                if (max_runtime_at_ && now >= *max_runtime_at_) {
+                  Log(Severity::kWarning, "run.max_runtime", "max-runtime reached while waiting to restart: not restarting");
+                  StopFromIdle(EndReason::kMaxRuntime, now, out);
+                  break;
+                }
+                restart_delay_passed_ = true;
+                deadline_ = max_runtime_at_;
+                RestartIfReady(out);
+                break;
               case Phase::kStopping:
                 Escalate(now, out, fmt::format("trainer still running after {}",
                                                FormatDuration(stop_signal_ == SIGINT ? options_.stop_timeout : options_.kill_timeout)));
@@ -304,7 +353,62 @@ void StateMachine::BeginDraining(SteadyTime now, std::vector<Action>& out) {
   EnterPhase(Phase::kDraining, now, options_.kill_timeout, "trainer exited: stopping anything it left running");
 }
 
+std::optional<SteadyTime> StateMachine::RunningDeadline() const {
+  std::optional<SteadyTime> d = max_runtime_at_;
+  if (maintenance_stop_at_ && (!d || *maintenance_stop_at_ < *d)) d = maintenance_stop_at_;
+  return d;
+}
+
+// The trainer is not running (between restarts): no ladder, straight to the
+// final sync and on-exit.
+void StateMachine::StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out) {
+  reason_ = reason;
+  restart_sync_pending_ = false;
+  if (!options_.sync) {
+    Finish(now, out);
+    return;
+  }
+  out.push_back(StartFinalSync{false});
+  EnterPhase(Phase::kSyncing, now, options_.final_sync_timeout, "final sync of the trainer's last checkpoint");
+}
+
+// s6-style: restarts are counted, and a trainer that crashes soon after it
+// started waits twice as long each time, so a crash loop cannot spin.
+bool StateMachine::MaybeRestart(SteadyTime now, std::vector<Action>& out) {
+  if (*reason_ != EndReason::kFailed || !options_.restart_on_failure) return false;
+  if (restarts_ >= options_.max_restarts) {
+    Log(Severity::kError, "restart.exhausted",
+        fmt::format("trainer failed again after {} restart(s): max-restarts reached, the run ends as failed", restarts_),
+        {{"restarts", restarts_}, {"exit_code", exit_code_}});
+    return false;
+  }
+  bool quick = now - trainer_started_ < options_.quick_crash;
+  quick_streak_ = quick ? quick_streak_ + 1 : 0;
+  auto delay = options_.restart_delay;
+  for (int i = 1; i < quick_streak_ && delay < options_.restart_delay_max; ++i) delay *= 2;
+  delay = std::min(delay, options_.restart_delay_max);
+  ++restarts_;
+  Log(Severity::kWarning, "restart.scheduled",
+      fmt::format("trainer failed (exit code {}): restart {} of {} in {}", exit_code_, restarts_, options_.max_restarts,
+                  FormatDuration(delay)),
+      {{"restart", restarts_}, {"max_restarts", options_.max_restarts}, {"delay_s", std::chrono::duration<double>(delay).count()},
+       {"exit_code", exit_code_}, {"quick_crashes", quick_streak_}});
+  reason_.reset();
+  restart_delay_passed_ = false;
+  restart_sync_pending_ = options_.sync;
+  if (options_.sync) out.push_back(SyncNow{"restart"});
+  EnterPhase(Phase::kRestarting, now, delay, options_.sync ? "syncing, then restarting" : "waiting to restart");
+  if (max_runtime_at_ && *max_runtime_at_ < *deadline_) deadline_ = max_runtime_at_;
+  return true;
+}
+
+void StateMachine::RestartIfReady(std::vector<Action>& out) {
+  if (!restart_delay_passed_ || restart_sync_pending_) return;
+  out.push_back(SpawnTrainer{/*resumed=*/true, restarts_});
+}
+
 void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
+  if (MaybeRestart(now, out)) return;
   if (!options_.sync) {
     Finish(now, out);
     return;

@@ -23,13 +23,14 @@ enum class Phase {
   kRunning,    // trainer running
   kStopping,   // stop ladder: SIGINT -> SIGTERM -> SIGKILL
   kDraining,   // trainer gone; stopping what it left behind
+  kRestarting, // restart=on-failure: sync, wait restart-delay, start again
   kSyncing,    // final checkpoint sync (and DONE after a success)
   kFinishing,  // on-exit action
   kDone,
 };
 const char* PhaseName(Phase p);
 
-enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed };
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime };
 const char* EndReasonName(EndReason r);
 
 // Events.
@@ -56,19 +57,27 @@ struct RestoreDone {
   bool resumed = false;
   std::string error;
 };
-struct SyncDone { bool ok = true; };  // the final sync
+struct SyncDone {
+  bool ok = true;
+  bool final = true;  // false: the sync before a restart
+};
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
                            PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone>;
 
 // Actions.
 struct StartRestore {};
-struct SpawnTrainer { bool resumed = false; };
+struct SpawnTrainer {
+  bool resumed = false;
+  int restart_count = 0;
+};
+struct SyncNow { std::string kind; };  // a non-final sync: "restart", "maintenance"
 struct StartFinalSync { bool write_done = false; };  // DONE only after a clean exit
 struct SignalTrainer { int signo; };    // to the trainer's whole process group
 struct SignalLeftovers { int signo; };  // every remaining descendant
 struct RunOnExit {};
 struct ExitProcess { int code; };
-using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, RunOnExit, ExitProcess>;
+using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, SyncNow, RunOnExit,
+                            ExitProcess>;
 
 struct StateMachineOptions {
   std::chrono::milliseconds stop_timeout{20'000};
@@ -82,6 +91,14 @@ struct StateMachineOptions {
   bool sync = false;         // a bucket is configured: restore first, sync last
   std::chrono::milliseconds restore_timeout{30 * 60'000};
   std::chrono::milliseconds final_sync_timeout{10 * 60'000};
+  // Run policies (issue #7).
+  bool restart_on_failure = false;
+  int max_restarts = 3;
+  std::chrono::milliseconds restart_delay{10'000};
+  std::chrono::milliseconds restart_delay_max{5 * 60'000};
+  std::chrono::milliseconds quick_crash{60'000};  // a crash sooner than this after start doubles the delay
+  std::chrono::milliseconds max_runtime{0};       // from spotvisor's start; 0: none
+  std::chrono::milliseconds maintenance_stop_lead{0};
 };
 
 class StateMachine {
@@ -100,6 +117,7 @@ class StateMachine {
   int stop_signal() const { return stop_signal_; }
   // True once the group leader is reaped (its group may still have members).
   bool leader_exited() const { return leader_exited_; }
+  int restarts() const { return restarts_; }
 
  private:
   void EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline, const std::string& why);
@@ -109,6 +127,10 @@ class StateMachine {
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
   void AfterDraining(SteadyTime now, std::vector<Action>& out);
+  bool MaybeRestart(SteadyTime now, std::vector<Action>& out);
+  void RestartIfReady(std::vector<Action>& out);
+  std::optional<SteadyTime> RunningDeadline() const;
+  void StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
 
   StateMachineOptions options_;
@@ -123,6 +145,12 @@ class StateMachine {
   SteadyTime started_{}, trainer_started_{};
   bool trainer_ran_ = false;
   bool leader_exited_ = false;
+  int restarts_ = 0;
+  int quick_streak_ = 0;  // consecutive crashes soon after start
+  bool restart_sync_pending_ = false;
+  bool restart_delay_passed_ = false;
+  std::optional<SteadyTime> max_runtime_at_;
+  std::optional<SteadyTime> maintenance_stop_at_;
   bool on_exit_started_ = false;
 };
 

@@ -350,3 +350,143 @@ TEST_CASE("a trainer that succeeded but whose final sync failed does not exit 0"
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+StateMachineOptions RestartOptions(bool sync = false) {
+  auto o = Harness::Options();
+  o.sync = sync;
+  o.restart_on_failure = true;
+  o.max_restarts = 3;
+  o.restart_delay = 10s;
+  o.restart_delay_max = 25s;
+  o.quick_crash = 60s;
+  return o;
+}
+
+// Starts a trainer (pid) and lets it crash `after` later with `code`.
+std::vector<Action> Crash(Harness& h, int pid, std::chrono::milliseconds after, int code = 1) {
+  h.On(TrainerSpawned{pid});
+  h.now += after;
+  h.On(TrainerExited{pid, code, 0});
+  return h.On(LeftoversGone{});
+}
+
+TEST_CASE("restart=on-failure: a crashed trainer is started again, counted, with growing delays for quick crashes") {
+  Harness h(RestartOptions());
+  h.On(StartEvent{});
+  CHECK(Crash(h, 100, 5s).empty());  // no sync configured: nothing to do but wait
+  CHECK(h.machine.phase() == Phase::kRestarting);
+  CHECK(*h.machine.deadline() == h.now + 10s);
+  auto a = h.Advance(10s);
+  CHECK(Only<SpawnTrainer>(a).restart_count == 1);
+  CHECK(Only<SpawnTrainer>(a).resumed);
+  Crash(h, 101, 5s);
+  CHECK(*h.machine.deadline() == h.now + 20s);  // second quick crash: doubled
+  CHECK(Only<SpawnTrainer>(h.Advance(20s)).restart_count == 2);
+  Crash(h, 102, 5s);
+  CHECK(*h.machine.deadline() == h.now + 25s);  // capped
+  h.Advance(25s);
+  // A fourth failure: max-restarts (3) reached, the run ends as failed.
+  Only<RunOnExit>(Crash(h, 103, 5s, 7));
+  CHECK(h.Logged("restart.exhausted"));
+  CHECK(h.Last("run.end").fields["reason"] == "failed");
+  CHECK(h.machine.exit_code() == 7);
+  CHECK(h.machine.restarts() == 3);
+}
+
+TEST_CASE("a crash after a long run is not a quick crash: the delay goes back to restart-delay") {
+  Harness h(RestartOptions());
+  h.On(StartEvent{});
+  Crash(h, 100, 5s);
+  h.Advance(10s);
+  Crash(h, 101, 5s);
+  h.Advance(20s);
+  Crash(h, 102, 2h);
+  CHECK(*h.machine.deadline() == h.now + 10s);
+}
+
+TEST_CASE("only failures are restarted: not a clean exit, not our own stop") {
+  Harness h(RestartOptions());
+  h.On(StartEvent{});
+  Only<RunOnExit>(Crash(h, 100, 5s, 0));
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+
+  Harness p(RestartOptions());
+  p.On(StartEvent{});
+  p.On(TrainerSpawned{100});
+  p.On(PreemptionNotice{});
+  p.On(TrainerExited{100, 1, 0});  // it exited 1 after our SIGINT
+  Only<RunOnExit>(p.On(LeftoversGone{}));
+  CHECK(p.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("with a bucket, a restart waits for both the sync and the delay") {
+  Harness h(RestartOptions(/*sync=*/true));
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  CHECK(Only<SyncNow>(Crash(h, 100, 5s)).kind == "restart");
+  CHECK(h.Advance(10s).empty());  // delay over, sync still running
+  CHECK(Only<SpawnTrainer>(h.On(SyncDone{true, /*final=*/false})).restart_count == 1);
+
+  Harness h2(RestartOptions(true));
+  h2.On(StartEvent{});
+  h2.On(RestoreDone{});
+  Crash(h2, 100, 5s);
+  CHECK(h2.On(SyncDone{true, false}).empty());  // sync done, delay not over
+  Only<SpawnTrainer>(h2.Advance(10s));
+}
+
+TEST_CASE("preempted while waiting to restart: no restart, final sync, on-exit") {
+  Harness h(RestartOptions(true));
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  Crash(h, 100, 5s);
+  CHECK_FALSE(Only<StartFinalSync>(h.On(PreemptionNotice{})).write_done);
+  CHECK(h.machine.phase() == Phase::kSyncing);
+  CHECK(h.On(SyncDone{true, false}).empty());  // the restart's sync finishing late changes nothing
+  Only<RunOnExit>(h.On(SyncDone{true, true}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("max-runtime: the ladder and the final sync run, run.end says max-runtime") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.max_runtime = 23h;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.now += 1min;  // restore took a minute: it counts
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(*h.machine.deadline() == h.now + 23h - 1min);
+  CHECK(Only<SignalTrainer>(h.Advance(23h - 1min)).signo == SIGINT);
+  CHECK(h.Logged("run.max_runtime"));
+  h.On(TrainerExited{100, 0, 0});
+  CHECK_FALSE(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  Only<RunOnExit>(h.On(SyncDone{true}));
+  CHECK(h.Last("run.end").fields["reason"] == "max-runtime");
+}
+
+TEST_CASE("a maintenance notice with a lead: sync now, stop the trainer at the lead time") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.maintenance_stop_lead = 50min;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SyncNow>(h.On(MaintenanceNotice{"TERMINATE_ON_HOST_MAINTENANCE"})).kind == "maintenance");
+  CHECK(h.machine.phase() == Phase::kRunning);
+  CHECK(*h.machine.deadline() == h.now + 50min);
+  CHECK(h.On(MaintenanceNotice{"TERMINATE_ON_HOST_MAINTENANCE"}).empty());  // repeated: no second sync
+  CHECK(h.Advance(49min).empty());
+  CHECK(Only<SignalTrainer>(h.Advance(1min)).signo == SIGINT);
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  Only<RunOnExit>(h.On(SyncDone{true}));
+  CHECK(h.Last("run.end").fields["reason"] == "maintenance");
+}
+
+}  // namespace
+}  // namespace spotvisor

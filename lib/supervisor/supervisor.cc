@@ -120,6 +120,11 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.kill_timeout = c.kill_timeout;
   o.run_on_exit = c.on_exit == OnExit::kPoweroff;
   o.sync = !c.bucket.empty();
+  o.restart_on_failure = c.restart_on_failure;
+  o.max_restarts = c.max_restarts;
+  o.restart_delay = c.restart_delay;
+  o.max_runtime = c.max_runtime;
+  o.maintenance_stop_lead = c.maintenance_stop_lead;
   return o;
 }
 
@@ -190,7 +195,9 @@ void Supervisor::ArmDeadline() {
 
 void Supervisor::Execute(const Action& a) {
   if (auto* sp = std::get_if<struct SpawnTrainer>(&a)) {
-    SpawnTrainer(sp->resumed);
+    SpawnTrainer(sp->resumed, sp->restart_count);
+  } else if (auto* sn = std::get_if<SyncNow>(&a)) {
+    StartSync(sn->kind, false, false);
   } else if (std::holds_alternative<struct StartRestore>(a)) {
     StartRestore();
   } else if (auto* fs = std::get_if<StartFinalSync>(&a)) {
@@ -210,7 +217,7 @@ void Supervisor::Execute(const Action& a) {
   }
 }
 
-void Supervisor::SpawnTrainer(bool resumed) {
+void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
   auto const& c = options_.config;
   SpawnOptions o;
   o.argv = c.argv;
@@ -218,6 +225,7 @@ void Supervisor::SpawnTrainer(bool resumed) {
   for (auto const& [k, v] : c.env) o.env.push_back(k + "=" + v);
   for (auto const& [k, v] : SpotvisorEnv(c)) o.env.push_back(k + "=" + v);
   o.env.push_back(std::string("SPOTVISOR_RESUMED=") + (resumed ? "1" : "0"));
+  o.env.push_back("SPOTVISOR_RESTART_COUNT=" + std::to_string(restart_count));
   o.workdir = c.workdir;
   o.user = options_.user;
   o.capture_output = true;
@@ -229,12 +237,16 @@ void Supervisor::SpawnTrainer(bool resumed) {
     return;
   }
   trainer_pid_ = spawned->pid;
+  trainer_reaped_ = false;
   pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stdout_fd, "stdout", "trainer.output", logger_, clock_,
                                                 c.progress_interval));
   pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stderr_fd, "stderr", "trainer.output", logger_, clock_,
                                                 c.progress_interval));
-  logger_.Info("trainer.start", fmt::format("trainer started as pid {}", trainer_pid_),
-               {{"pid", trainer_pid_}, {"argv", c.argv}, {"user", c.user}, {"workdir", c.workdir}});
+  logger_.Info("trainer.start",
+               restart_count ? fmt::format("trainer started again as pid {} (restart {})", trainer_pid_, restart_count)
+                             : fmt::format("trainer started as pid {}", trainer_pid_),
+               {{"pid", trainer_pid_}, {"argv", c.argv}, {"user", c.user}, {"workdir", c.workdir}, {"resumed", resumed},
+                {"restart_count", restart_count}});
   for (auto& p : pumps_) p->Start();
   Dispatch(TrainerSpawned{trainer_pid_});
   ArmSyncTimer();
@@ -282,12 +294,15 @@ void Supervisor::ArmSyncTimer() {
   });
 }
 
+// Periodic and on-demand syncs are skipped while one is running; the others
+// (final, restart, maintenance) queue behind it on the engine's lock.
 void Supervisor::StartSync(const std::string& kind, bool final, bool write_done) {
-  if (!final && (sync_in_flight_ || !restored_)) {
+  bool skippable = kind == "periodic" || kind == "on-demand";
+  if (skippable && (sync_in_flight_ || !restored_)) {
     logger_.Info("sync.skipped", fmt::format("{} sync skipped: {}", kind, restored_ ? "a sync is already running" : "not restored yet"));
     return;
   }
-  if (!final) sync_in_flight_ = true;
+  if (skippable) sync_in_flight_ = true;
   auto engine = options_.sync;
   int exit_code = machine_.exit_code();
   workers_.emplace_back([this, engine, kind, final, write_done, exit_code] {
@@ -299,7 +314,7 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done)
 }
 
 void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done) {
-  if (!final) sync_in_flight_ = false;
+  if (kind == "periodic" || kind == "on-demand") sync_in_flight_ = false;
   if (r.ok()) {
     double mbps = r->seconds > 0 ? static_cast<double>(r->bytes_uploaded) / 1e6 / r->seconds : 0;
     std::string deferred =
@@ -326,7 +341,10 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
     logger_.Info("done.written", options_.sync->Describe() + "/DONE written: a VM booting with this run-id will not train again");
   }
   if (final) {
-    Dispatch(SyncDone{r.ok() && done.ok()});
+    Dispatch(SyncDone{r.ok() && done.ok(), true});
+  } else if (kind == "restart") {
+    WriteStatus(LogEvent{Severity::kInfo, r.ok() ? "sync.complete" : "sync.failed", last_sync_.dump(), {}});
+    Dispatch(SyncDone{r.ok(), false});
   } else if (auto e = machine_.phase(); e != Phase::kDone) {
     WriteStatus(LogEvent{Severity::kInfo, r.ok() ? "sync.complete" : "sync.failed", last_sync_.dump(), {}});
   }

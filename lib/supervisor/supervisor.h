@@ -56,7 +56,7 @@ class Supervisor {
   void ArmDeadline();
   void OnSignal(int signo);
   void Reap();
-  void SpawnTrainer(bool resumed);
+  void SpawnTrainer(bool resumed, int restart_count);
   void SignalLeftovers(int signo);
   void RunOnExit();
   void Exit(int code);

@@ -1,0 +1,79 @@
+"""Run policies through the real binary: restarts, max-runtime, maintenance notices (issue #7)."""
+import os
+import unittest
+
+from harness import SpotvisorTestCase
+
+
+class PolicyTest(SpotvisorTestCase):
+    def test_a_crashing_trainer_is_restarted_until_max_restarts(self):
+        p = self.run_trainer(["--print-env", "--run-for", "10", "--exit-code", "3"],
+                             sets={"restart": "on-failure", "max-restarts": "2", "restart-delay": "100ms"})
+        self.assertEqual(p.wait_exit(), 3)
+        starts = p.find("trainer.start")
+        self.assertEqual([s["restart_count"] for s in starts], [0, 1, 2])
+        counts = [e["message"] for e in p.find("trainer.output") if e["message"].startswith("SPOTVISOR_RESTART_COUNT=")]
+        self.assertEqual(counts, ["SPOTVISOR_RESTART_COUNT=0", "SPOTVISOR_RESTART_COUNT=1", "SPOTVISOR_RESTART_COUNT=2"])
+        resumed = [e["message"] for e in p.find("trainer.output") if e["message"].startswith("SPOTVISOR_RESUMED=")]
+        self.assertEqual(resumed, ["SPOTVISOR_RESUMED=0", "SPOTVISOR_RESUMED=1", "SPOTVISOR_RESUMED=1"])
+        scheduled = p.find("restart.scheduled")
+        self.assertEqual([s["delay_s"] for s in scheduled], [0.1, 0.2], "quick crashes double the delay")
+        p.wait_event("restart.exhausted")
+        self.assertEqual(p.wait_event("run.end")["reason"], "failed")
+
+    def test_restarts_sync_first_and_a_clean_exit_ends_the_run(self):
+        # The trainer fails the first time and succeeds the second (it checks for
+        # the checkpoint it left behind).
+        script = ('if [ -e "$SPOTVISOR_CHECKPOINT_DIR/first" ]; then echo second; exit 0; fi; '
+                  'echo x > "$SPOTVISOR_CHECKPOINT_DIR/first"; exit 5')
+        p = self.start(["run"] + self.base_sets(**{"restart": "on-failure", "restart-delay": "100ms",
+                                                   "bucket": f"file://{self.path('bucket')}", "run-id": "r",
+                                                   "sync-settle": "0s", "sync-interval": "0"})
+                       + ["--", "/bin/sh", "-c", script])
+        self.assertEqual(p.wait_exit(), 0)
+        sync = p.wait_event("sync.complete", kind="restart")
+        self.assertEqual(sync["files_uploaded"], 1, "the crashed trainer's checkpoint is synced before the restart")
+        names = [e["event"] for e in p.events]
+        self.assertLess(names.index("sync.complete"), [i for i, n in enumerate(names) if n == "trainer.start"][1])
+        self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        self.assertTrue(os.path.exists(self.path("bucket/r/DONE")))
+
+    def test_max_runtime_stops_the_trainer_gracefully(self):
+        p = self.run_trainer(["--marker-file", self.path("marker")], sets={"max-runtime": "1s"})
+        self.assertEqual(p.wait_exit(), 130)
+        p.wait_event("run.max_runtime")
+        self.assertTrue(any(l.startswith("sigint ") for l in self.marker_lines()))
+        self.assertEqual(p.wait_event("run.end")["reason"], "max-runtime")
+
+    def test_a_maintenance_notice_syncs_now_and_stops_at_the_lead_time(self):
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/w"), "w") as f:
+            f.write("w")
+        p = self.run_trainer(["--marker-file", self.path("marker")], sets={
+            "maintenance-stop-lead": "1500ms", "bucket": f"file://{self.path('bucket')}", "run-id": "r",
+            "sync-settle": "0s", "sync-interval": "0"})
+        p.wait_trainer_ready()
+        self.wait_parked("instance/maintenance-event")
+        self.metadata.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
+        sync = p.wait_event("sync.complete", kind="maintenance")
+        self.assertEqual(sync["files_uploaded"], 1)
+        self.assertFalse(any(l.startswith("sigint ") for l in self.marker_lines()), "not stopped yet: the lead")
+        self.assertEqual(p.wait_exit(), 130)
+        self.assertEqual(p.wait_event("run.end")["reason"], "maintenance")
+
+    def test_a_legacy_preemptible_vm_without_max_runtime_gets_a_warning(self):
+        self.metadata.set("instance/scheduling/preemptible", "TRUE")
+        p = self.run_trainer(["--run-for", "10"])
+        p.wait_exit()
+        self.assertTrue([w for w in p.find("config.warning") if "max-runtime" in w["message"]])
+        p2 = self.run_trainer(["--run-for", "10"], sets={"max-runtime": "23h30m"})
+        p2.wait_exit()
+        self.assertFalse([w for w in p2.find("config.warning") if "max-runtime" in w["message"]])
+        self.metadata.set("instance/scheduling/preemptible", "FALSE")
+        p3 = self.run_trainer(["--run-for", "10"])
+        p3.wait_exit()
+        self.assertFalse([w for w in p3.find("config.warning") if "max-runtime" in w["message"]])
+
+
+if __name__ == "__main__":
+    unittest.main()
