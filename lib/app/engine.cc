@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 
 #include "common/duration.h"
+#include "common/strings.h"
+#include "compute/compute_client.h"
 #include "config/keys.h"
 #include "storage/file_object_store.h"
 #include "storage/gcs_object_store.h"
@@ -55,6 +57,8 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
     }
   }
   if (auto p = client.Get("instance/scheduling/preemptible"); p.ok()) m.preemptible = p->value;
+  if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
+  if (auto z = client.Get("instance/zone"); z.ok()) m.zone = z->value.substr(z->value.rfind('/') + 1);
   m.available = true;
   return m;
 }
@@ -112,10 +116,16 @@ void SetUpLogging(Logger& logger, LogFormat format) {
   logger.AddSink(std::make_unique<AsyncSink>(text ? MakeTextSink(stdout) : MakeJsonSink(stdout)));
 }
 
+// After a configuration error the configuration cannot be trusted with an
+// API call: only "none" is honoured as written (from on-exit-failure, else
+// on-exit); anything else powers off in daemon mode.
 std::string OnExitValue(const ConfigResult& r, Mode mode) {
-  auto it = r.values.find("on-exit");
-  std::string v = it == r.values.end() ? "" : it->second.value;
-  if (v == "none" || v == "poweroff") return v;
+  for (const char* key : {"on-exit-failure", "on-exit"}) {
+    auto it = r.values.find(key);
+    std::string v = it == r.values.end() ? "" : std::string(Trim(it->second.value));
+    if (v == "none") return v;
+    if (v == "poweroff" || v == "stop" || v == "delete") return "poweroff";
+  }
   return mode == Mode::kDaemon ? "poweroff" : "none";
 }
 
@@ -346,6 +356,15 @@ int RunEngine(const EngineOptions& options) {
                 fmt::format("checkpoints in {} are synced to {} every {}", config.checkpoint_dir, so.sync->Describe(),
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),
                 {{"bucket", so.sync->Describe()}});
+  }
+  if (metadata.available) {
+    InstanceRef ref{metadata.project_id, metadata.zone, metadata.instance_name};
+    auto endpoint = config.compute_endpoint;
+    auto mode = options.mode;
+    so.make_compute = [ref, endpoint, mode, &clock](Sleeper& retry_sleeper) {
+      return MakeComputeClient(endpoint, ref, std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock),
+                               retry_sleeper);
+    };
   }
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 

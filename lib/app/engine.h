@@ -34,6 +34,7 @@ struct MetadataSnapshot {
   std::string instance_name;
   MetadataValue preempted, maintenance;
   std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on legacy preemptible VMs
+  std::string project_id, zone;  // zone: the last segment of instance/zone
 };
 
 // Daemon mode, or GCE_METADATA_HOST set: metadata is required, so retry

@@ -190,6 +190,16 @@ class Resolver {
 
 }  // namespace
 
+const char* OnExitName(OnExit o) {
+  switch (o) {
+    case OnExit::kPoweroff: return "poweroff";
+    case OnExit::kNone: return "none";
+    case OnExit::kStop: return "stop";
+    case OnExit::kDelete: return "delete";
+  }
+  return "?";
+}
+
 const char* ConfigSourceName(ConfigSource s) {
   switch (s) {
     case ConfigSource::kDefault: return "default";
@@ -247,12 +257,23 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   if (c.metadata_watch_timeout < std::chrono::seconds(1)) {
     res.Error("metadata-watch-timeout", "must be at least 1s (the metadata server counts whole seconds)");
   }
-  res.OneOf<OnExit>("on-exit", {{"poweroff", OnExit::kPoweroff}, {"none", OnExit::kNone}}, c.on_exit);
+  const std::initializer_list<std::pair<const char*, OnExit>> kOnExit = {
+      {"poweroff", OnExit::kPoweroff}, {"stop", OnExit::kStop}, {"delete", OnExit::kDelete}, {"none", OnExit::kNone}};
+  res.OneOf<OnExit>("on-exit", kOnExit, c.on_exit);
+  for (auto [key, out] : {std::pair{"on-exit-success", &c.on_exit_success}, std::pair{"on-exit-failure", &c.on_exit_failure}}) {
+    if (Trim(res.Get(key).value).empty()) continue;
+    OnExit v = c.on_exit;
+    res.OneOf<OnExit>(key, kOnExit, v);
+    *out = v;
+  }
+  c.compute_endpoint = std::string(Trim(res.Get("compute-endpoint").value));
+  while (!c.compute_endpoint.empty() && c.compute_endpoint.back() == '/') c.compute_endpoint.pop_back();
   res.OneOf<LogFormat>("log-format", {{"auto", LogFormat::kAuto}, {"json", LogFormat::kJson}, {"text", LogFormat::kText}},
                        c.log_format);
   c.shutdown_command = std::string(Trim(res.Get("shutdown-command").value));
-  if (c.on_exit == OnExit::kPoweroff && c.shutdown_command.empty()) {
-    res.Error("shutdown-command", "is empty, but on-exit is poweroff");
+  if (c.shutdown_command.empty()) {
+    // stop and delete fall back to it when the Compute API call fails.
+    res.Error("shutdown-command", "is empty; on-exit needs it to power off");
   }
   c.bucket = std::string(Trim(res.Get("bucket").value));
   if (!c.bucket.empty()) {

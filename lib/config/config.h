@@ -18,7 +18,8 @@ namespace spotvisor {
 enum class ConfigSource { kDefault, kFile, kProjectMetadata, kInstanceMetadata, kCommandLine };
 const char* ConfigSourceName(ConfigSource s);
 
-enum class OnExit { kPoweroff, kNone };
+enum class OnExit { kPoweroff, kNone, kStop, kDelete };
+const char* OnExitName(OnExit o);
 enum class LogFormat { kAuto, kJson, kText };
 
 struct ConfigValue {
@@ -55,6 +56,8 @@ struct Config {
   std::chrono::milliseconds progress_interval{5'000};
   std::chrono::milliseconds metadata_watch_timeout{60'000};
   OnExit on_exit = OnExit::kNone;
+  std::optional<OnExit> on_exit_success, on_exit_failure;  // unset: on_exit
+  std::string compute_endpoint;
   std::string shutdown_command;
   LogFormat log_format = LogFormat::kAuto;
   std::string bucket;  // empty: no checkpoint sync

@@ -81,7 +81,7 @@ TEST_CASE("every bad key is reported, not only the first") {
   in.file_entries = {{"kill-timeout", "soon", 2}, {"on-exit", "reboot", 3}, {"state-dir", "relative/dir", 4}};
   auto r = ResolveConfig(in);
   CHECK(r.errors.size() == 3);
-  CHECK(r.errors[2].find("/etc/spotvisor/spotvisor.conf:3 on-exit: \"reboot\" is not one of: poweroff, none") !=
+  CHECK(r.errors[2].find("/etc/spotvisor/spotvisor.conf:3 on-exit: \"reboot\" is not one of: poweroff, stop, delete, none") !=
         std::string::npos);
 }
 

@@ -118,7 +118,8 @@ StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
   o.kill_timeout = c.kill_timeout;
-  o.run_on_exit = c.on_exit == OnExit::kPoweroff;
+  auto acts = [](std::optional<OnExit> a) { return a && *a != OnExit::kNone; };
+  o.run_on_exit = acts(c.on_exit) || acts(c.on_exit_success) || acts(c.on_exit_failure);
   o.sync = !c.bucket.empty();
   o.restart_on_failure = c.restart_on_failure;
   o.max_restarts = c.max_restarts;
@@ -156,7 +157,7 @@ void Supervisor::Start() {
   auto const& c = options_.config;
   logger_.Info("run.start", fmt::format("run {} starting: {}", c.run_id, c.command),
                {{"run_id", c.run_id}, {"command", c.command}, {"user", c.user}, {"workdir", c.workdir},
-                {"on_exit", c.on_exit == OnExit::kPoweroff ? "poweroff" : "none"}, {"mode", options_.mode},
+                {"on_exit", OnExitName(c.on_exit)}, {"mode", options_.mode},
                 {"spotvisor_pid", getpid()}});
   Dispatch(StartEvent{options_.already_preempted, options_.maintenance_terminate});
 }
@@ -414,10 +415,57 @@ void Supervisor::SignalLeftovers(int signo) {
   asio::post(io_, [this] { Reap(); });
 }
 
+OnExit Supervisor::OnExitFor(EndReason reason) const {
+  auto const& c = options_.config;
+  bool success = reason == EndReason::kCompleted || reason == EndReason::kAlreadyDone;
+  bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed;
+  if (success && c.on_exit_success) return *c.on_exit_success;
+  if (failure && c.on_exit_failure) return *c.on_exit_failure;
+  return c.on_exit;
+}
+
 void Supervisor::RunOnExit() {
+  EndReason reason = *machine_.end_reason();
+  OnExit action = OnExitFor(reason);
+  if (action == OnExit::kNone) {
+    logger_.Info("shutdown.skipped", fmt::format("on-exit is none after a {} run: leaving the machine running", EndReasonName(reason)));
+    asio::post(io_, [this] { Dispatch(OnExitDone{0}); });
+    return;
+  }
+  if (action == OnExit::kPoweroff) {
+    RunPoweroff();
+    return;
+  }
+  const char* verb = action == OnExit::kStop ? "stop" : "delete";
+  if (!options_.make_compute) {
+    logger_.Error("shutdown.api_failed",
+                  fmt::format("on-exit {} needs the metadata server (project, zone, token), which is not there: powering off instead", verb));
+    RunPoweroff();
+    return;
+  }
+  logger_.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit {}: asking the Compute Engine API to {} this VM", verb, verb),
+                       {{"action", verb}}});
+  workers_.emplace_back([this, action, verb] {
+    auto client = options_.make_compute(compute_sleeper_);
+    Status s = action == OnExit::kStop ? client->StopInstance() : client->DeleteInstance();
+    asio::post(io_, [this, s, verb] {
+      if (s.ok()) {
+        logger_.Info("shutdown.api_done", fmt::format("the Compute Engine API accepted the {}; GCE takes it from here", verb));
+        Dispatch(OnExitDone{0});
+        return;
+      }
+      // Never leave the VM running by accident.
+      logger_.Error("shutdown.api_failed", fmt::format("on-exit {} failed: {}; powering off instead", verb, s.message()),
+                    {{"error", s.message()}});
+      RunPoweroff();
+    });
+  });
+}
+
+void Supervisor::RunPoweroff() {
   auto const& cmd = options_.config.shutdown_command;
   logger_.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd),
-                       {{"command", cmd}}});
+                       {{"command", cmd}, {"action", "poweroff"}}});
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c", cmd};
   o.env = options_.base_env;
@@ -444,6 +492,7 @@ void Supervisor::Exit(int code) {
   signals_.cancel(ec);
   deadline_timer_.cancel();
   sync_timer_.cancel();
+  compute_sleeper_.Cancel();
   io_.stop();
 }
 

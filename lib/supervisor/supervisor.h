@@ -18,6 +18,7 @@
 #include "output/line_assembler.h"
 #include "process/spawn.h"
 #include "supervisor/state_machine.h"
+#include "compute/compute_client.h"
 #include "sync/sync_engine.h"
 
 namespace spotvisor {
@@ -30,6 +31,8 @@ struct SupervisorOptions {
   bool maintenance_terminate = false;
   std::string mode;  // "daemon" or "run", for the status file
   std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
+  // on-exit stop | delete; null without a metadata server (then: poweroff).
+  std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
 };
 
 class Supervisor {
@@ -59,6 +62,8 @@ class Supervisor {
   void SpawnTrainer(bool resumed, int restart_count);
   void SignalLeftovers(int signo);
   void RunOnExit();
+  void RunPoweroff();
+  OnExit OnExitFor(EndReason reason) const;
   void Exit(int code);
   void OnMachineEvent(LogEvent e);
   void WriteStatus(const LogEvent& last);
@@ -82,6 +87,7 @@ class Supervisor {
   bool sync_in_flight_ = false;       // periodic or on-demand
   bool restored_ = false;
   nlohmann::json last_sync_;
+  CancellableSleeper compute_sleeper_;
   std::vector<std::unique_ptr<OutputPump>> pumps_;
   pid_t trainer_pid_ = 0;
   pid_t on_exit_pid_ = 0;

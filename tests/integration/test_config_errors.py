@@ -34,7 +34,7 @@ class ConfigErrorTest(SpotvisorTestCase):
     def test_bad_value_in_project_metadata(self):
         self.metadata.set("project/attributes/spotvisor-on-exit", "reboot")
         errors, _ = self.run_config_error()
-        self.assertEqual(errors, ['project metadata spotvisor-on-exit: "reboot" is not one of: poweroff, none'])
+        self.assertEqual(errors, ['project metadata spotvisor-on-exit: "reboot" is not one of: poweroff, stop, delete, none'])
 
     def test_bad_value_in_the_file_names_file_and_line(self):
         conf = self.write_config("# spotvisor\nkill-timeout = forever\n")

@@ -77,3 +77,63 @@ class PolicyTest(SpotvisorTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OnExitApiTest(SpotvisorTestCase):
+    """on-exit stop | delete through a fake Compute Engine API that checks method, path and token."""
+
+    def setUp(self):
+        super().setUp()
+        from fake_compute import FakeComputeServer
+        self.metadata.set("project/project-id", "my-project")
+        self.metadata.set("instance/zone", "projects/123/zones/us-central1-a")
+        self.metadata.set("instance/name", "trainer-7")
+        self.compute = FakeComputeServer("my-project", "us-central1-a", "trainer-7",
+                                         token_ok=lambda t: t.startswith("fake-token-")).start()
+        self.addCleanup(self.compute.stop)
+
+    def run_with(self, trainer, **sets):
+        base = {"compute-endpoint": self.compute.endpoint, "shutdown-command": f"echo off >> {self.path('off')}"}
+        base.update(sets)
+        p = self.run_trainer(trainer, sets=base)
+        return p, p.wait_exit()
+
+    def off_count(self):
+        return self.read("off").count("off") if os.path.exists(self.path("off")) else 0
+
+    def test_stop(self):
+        p, code = self.run_with(["--run-for", "10"], **{"on-exit": "stop"})
+        self.assertEqual(code, 0)
+        calls = [(e["method"], e["path"]) for e in self.compute.log()]
+        self.assertEqual(calls, [("POST", "/compute/v1/projects/my-project/zones/us-central1-a/instances/trainer-7/stop")])
+        self.assertEqual(self.compute.status, "STOPPING")
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(self.off_count(), 0, "no poweroff when the API call worked")
+        self.assertNotIn("fake-token", "".join(p.raw))
+
+    def test_delete_after_success_poweroff_after_failure(self):
+        _, code = self.run_with(["--run-for", "10"], **{"on-exit-success": "delete", "on-exit-failure": "poweroff"})
+        self.assertEqual(code, 0)
+        self.assertEqual([e["method"] for e in self.compute.log()], ["DELETE"])
+        self.assertEqual(self.compute.status, "DELETED")
+        _, code = self.run_with(["--run-for", "10", "--exit-code", "2"],
+                                **{"on-exit-success": "delete", "on-exit-failure": "poweroff"})
+        self.assertEqual(code, 2)
+        self.assertEqual(len(self.compute.log()), 1, "a failed run does not call the API here")
+        self.assertEqual(self.off_count(), 1)
+
+    def test_permission_denied_falls_back_to_poweroff_and_names_the_permission(self):
+        self.compute.deny("compute.instances.stop")
+        p, code = self.run_with(["--run-for", "10"], **{"on-exit": "stop"})
+        self.assertEqual(code, 0)
+        failed = p.wait_event("shutdown.api_failed")
+        self.assertIn("compute.instances.stop", failed["message"])
+        self.assertIn("roles/compute.instanceAdmin.v1", failed["message"])
+        self.assertEqual(self.off_count(), 1, "never left running: powered off instead, once")
+
+    def test_on_exit_none_for_failures_keeps_the_vm(self):
+        p, code = self.run_with(["--run-for", "10", "--exit-code", "1"], **{"on-exit": "stop", "on-exit-failure": "none"})
+        self.assertEqual(code, 1)
+        self.assertEqual(self.compute.log(), [])
+        self.assertEqual(self.off_count(), 0)
+        p.wait_event("shutdown.skipped")
