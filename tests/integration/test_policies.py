@@ -75,9 +75,6 @@ class PolicyTest(SpotvisorTestCase):
         self.assertFalse([w for w in p3.find("config.warning") if "max-runtime" in w["message"]])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class OnExitApiTest(SpotvisorTestCase):
     """on-exit stop | delete through a fake Compute Engine API that checks method, path and token."""
@@ -137,3 +134,7 @@ class OnExitApiTest(SpotvisorTestCase):
         self.assertEqual(self.compute.log(), [])
         self.assertEqual(self.off_count(), 0)
         p.wait_event("shutdown.skipped")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -7,7 +7,7 @@ import unittest
 from harness import SpotvisorTestCase, FAKE_TRAINER, wait_until
 
 
-class SyncTestBase(SpotvisorTestCase):
+class FileSyncTest(SpotvisorTestCase):
     """Runs against a file:// bucket; GcsSyncTest reruns every test against the fake GCS server."""
 
     def setUp(self):
@@ -156,11 +156,7 @@ class SyncTestBase(SpotvisorTestCase):
         p.wait_event("sync.complete", kind="final")
 
 
-class FileSyncTest(SyncTestBase):
-    pass
-
-
-class GcsSyncTest(SyncTestBase):
+class GcsSyncTest(FileSyncTest):
     """The same tests through the Cloud Storage JSON API, against the fake GCS server."""
 
     BUCKET = "ckpt-bucket"
