@@ -33,6 +33,8 @@ const char* const kUsage =
     "                                        show the running daemon's state\n"
     "  spotvisor sync [--state-dir DIR] [--config FILE] [--timeout DURATION]\n"
     "                                        sync checkpoints to the bucket now\n"
+    "  spotvisor release [--state-dir DIR] [--config FILE]\n"
+    "                                        end an on-failure-hold now\n"
     "  spotvisor version\n"
     "\n"
     "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
@@ -80,6 +82,12 @@ const std::map<std::string, std::string> kHelp = {
      "Asks the running spotvisor to sync checkpoints to its bucket now (the same as sending it\n"
      "SIGUSR1) and waits for the result (default timeout 10m). Exit status: 0 synced, 1 the sync\n"
      "failed, 3 spotvisor is not running, 4 no status, 5 no bucket configured, 6 timed out.\n"},
+    {"release",
+     "Usage: spotvisor release [--state-dir DIR] [--config FILE]\n"
+     "\n"
+     "Ends an on-failure-hold now: the held daemon goes on to its on-exit action (the same as\n"
+     "sending it SIGUSR2). Exit status: 0 released, 2 nothing is being held, 3 spotvisor is not\n"
+     "running, 4 no status.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -118,6 +126,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"config", {"--config", "--set", "--json"}},
         {"status", {"--config", "--state-dir", "--json"}},
         {"sync", {"--config", "--state-dir", "--timeout"}},
+        {"release", {"--config", "--state-dir"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -196,6 +205,7 @@ int main(int argc, char** argv) {
   }
   if (a.command == "status") return spotvisor::PrintStatus(StateDir(a), a.json);
   if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);
+  if (a.command == "release") return spotvisor::RequestRelease(StateDir(a));
   if (a.command == "config") return spotvisor::PrintConfig(a.engine, a.json);
   return spotvisor::RunEngine(a.engine);
 }

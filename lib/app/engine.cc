@@ -287,6 +287,7 @@ int RunEngine(const EngineOptions& options) {
   // handler: during bootstrap it cancels the wait for metadata.
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
   signals.add(SIGUSR1);  // `spotvisor sync`: sync checkpoints now
+  signals.add(SIGUSR2);  // `spotvisor release`: end an on-failure-hold
 
   CancellableSleeper sleeper;
   auto metadata_client = NewMetadataClient(options.mode);
@@ -301,7 +302,7 @@ int RunEngine(const EngineOptions& options) {
   });
   std::function<void(boost::system::error_code, int)> on_signal = [&](boost::system::error_code ec, int signo) {
     if (ec) return;
-    if (signo == SIGCHLD || signo == SIGUSR1) {
+    if (signo == SIGCHLD || signo == SIGUSR1 || signo == SIGUSR2) {
       signals.async_wait(on_signal);
       return;
     }

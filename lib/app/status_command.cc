@@ -37,6 +37,7 @@ int PrintStatus(const std::string& state_dir, bool json) {
               running ? "" : "  (spotvisor is not running: last recorded state)");
   std::printf("spotvisor:   pid %d\n", pid);
   std::printf("trainer:     %s\n", trainer == "-" ? "not running" : ("pid " + trainer).c_str());
+  if (j.contains("deadline")) std::printf("deadline:    %s\n", str("deadline").c_str());
   if (j.contains("reason")) std::printf("reason:      %s\n", str("reason").c_str());
   if (j.contains("exit_code")) std::printf("exit code:   %d\n", j["exit_code"].get<int>());
   if (j.contains("last_event")) {
@@ -90,6 +91,29 @@ int RequestSync(const std::string& state_dir, std::chrono::milliseconds timeout)
   }
   std::fprintf(stderr, "spotvisor sync: no result within the timeout; see the logs (sync.complete / sync.failed)\n");
   return 6;
+}
+
+int RequestRelease(const std::string& state_dir) {
+  auto st = ReadStatusFile(state_dir);
+  if (!st.ok()) {
+    std::fprintf(stderr, "spotvisor release: no status in %s (%s)\n", state_dir.c_str(), st.status().message().c_str());
+    return 4;
+  }
+  int pid = st->value("spotvisor_pid", 0);
+  if (pid <= 0 || st->value("phase", "") == "done" || kill(pid, 0) != 0) {
+    std::fprintf(stderr, "spotvisor release: spotvisor is not running\n");
+    return 3;
+  }
+  if (st->value("phase", "") != "holding") {
+    std::fprintf(stderr, "spotvisor release: nothing to release (phase: %s)\n", st->value("phase", "?").c_str());
+    return 2;
+  }
+  if (kill(pid, SIGUSR2) != 0) {
+    std::fprintf(stderr, "spotvisor release: cannot signal pid %d: %s\n", pid, std::strerror(errno));
+    return 3;
+  }
+  std::printf("released: spotvisor (pid %d) goes on to on-exit\n", pid);
+  return 0;
 }
 
 }  // namespace spotvisor

@@ -16,4 +16,9 @@ int PrintStatus(const std::string& state_dir, bool json);
 // status, 5 when no bucket is configured, 6 on timeout.
 int RequestSync(const std::string& state_dir, std::chrono::milliseconds timeout);
 
+// `spotvisor release`: ends an on-failure-hold now (SIGUSR2 to the daemon).
+// Exit 0 when released, 2 when nothing is held, 3 when not running, 4
+// without status.
+int RequestRelease(const std::string& state_dir);
+
 }  // namespace spotvisor

@@ -287,6 +287,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   c.restart_delay = res.Duration("restart-delay", c.restart_delay);
   c.max_runtime = res.Duration("max-runtime", c.max_runtime);
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
+  c.on_failure_hold = res.Duration("on-failure-hold", c.on_failure_hold);
   c.storage_endpoint = std::string(Trim(res.Get("storage-endpoint").value));
   if (!StartsWith(c.storage_endpoint, "http://") && !StartsWith(c.storage_endpoint, "https://")) {
     res.Error("storage-endpoint", fmt::format("\"{}\" is not an http:// or https:// URL", c.storage_endpoint));

@@ -32,6 +32,8 @@ const std::vector<KeySpec>& AllKeys() {
        "Stop the trainer gracefully this long after spotvisor started, with a final sync (0: no limit)"},
       {"maintenance-stop-lead", KeyType::kDuration, "0s",
        "After a TERMINATE maintenance notice: sync at once, stop the trainer this much later (0: right away)"},
+      {"on-failure-hold", KeyType::kDuration, "0",
+       "After a failed run, keep the VM up this long before on-exit, for debugging (spotvisor release ends it early)"},
       {"bucket", KeyType::kString, "",
        "Where checkpoints are kept: gs://BUCKET[/PREFIX] or file:///PATH (empty: no sync); objects go under PREFIX/RUN_ID/"},
       {"sync-interval", KeyType::kDuration, "10m", "How often checkpoints are synced while training (0: only the final sync)"},

@@ -48,6 +48,7 @@ const char* PhaseName(Phase p) {
     case Phase::kDraining: return "draining";
     case Phase::kRestarting: return "restarting";
     case Phase::kSyncing: return "syncing";
+    case Phase::kHolding: return "holding";
     case Phase::kFinishing: return "finishing";
     case Phase::kDone: return "done";
   }
@@ -205,6 +206,12 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 break;
               // A second request to stop means "stop faster".
               case Phase::kStopping: Escalate(now, out, "asked again to stop"); break;
+              case Phase::kHolding:
+                // An operator stopping the service ends the hold, not the VM.
+                reason_ = reason_ ? reason_ : EndReason::kStopped;
+                EnterPhase(Phase::kDone, now, std::nullopt, "stopped while holding");
+                out.push_back(ExitProcess{exit_code_});
+                break;
               case Phase::kFinishing:
                 // The system is going down (likely because we asked it to).
                 phase_ = Phase::kDone;
@@ -213,6 +220,11 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 break;
               default: break;
             }
+          },
+          [&](const Release&) {
+            if (phase_ != Phase::kHolding) return;
+            Log(Severity::kNotice, "run.released", "hold released (spotvisor release): going on to on-exit");
+            RunOnExitNow(now, out);
           },
           [&](const LeftoversGone&) {
             if (phase_ == Phase::kDraining) AfterDraining(now, out);
@@ -278,6 +290,10 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 exit_code_ = kExitRestoreFailed;
                 Log(Severity::kError, "restore.failed", "restore did not finish in time; not starting the trainer");
                 Finish(now, out);
+                break;
+              case Phase::kHolding:
+                Log(Severity::kNotice, "run.hold_over", "on-failure-hold is over: going on to on-exit");
+                RunOnExitNow(now, out);
                 break;
               case Phase::kSyncing:
                 Log(Severity::kError, "sync.timeout", "the final sync did not finish in time; finishing without it");
@@ -436,6 +452,19 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
     out.push_back(ExitProcess{exit_code_});
     return;
   }
+  bool failed = *reason_ == EndReason::kFailed || *reason_ == EndReason::kRestoreFailed;
+  if (failed && options_.on_failure_hold.count() > 0) {
+    Log(Severity::kWarning, "run.hold",
+        fmt::format("the run failed: holding the VM for {} before on-exit, for debugging (end it early with `spotvisor release`)",
+                    FormatDuration(options_.on_failure_hold)),
+        {{"hold_s", std::chrono::duration<double>(options_.on_failure_hold).count()}});
+    EnterPhase(Phase::kHolding, now, options_.on_failure_hold, "on-failure-hold");
+    return;
+  }
+  RunOnExitNow(now, out);
+}
+
+void StateMachine::RunOnExitNow(SteadyTime now, std::vector<Action>& out) {
   on_exit_started_ = true;
   EnterPhase(Phase::kFinishing, now, options_.on_exit_timeout, "running on-exit");
   out.push_back(RunOnExit{});

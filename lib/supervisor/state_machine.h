@@ -25,6 +25,7 @@ enum class Phase {
   kDraining,   // trainer gone; stopping what it left behind
   kRestarting, // restart=on-failure: sync, wait restart-delay, start again
   kSyncing,    // final checkpoint sync (and DONE after a success)
+  kHolding,    // on-failure-hold: a failed run keeps the VM up for debugging
   kFinishing,  // on-exit action
   kDone,
 };
@@ -57,12 +58,13 @@ struct RestoreDone {
   bool resumed = false;
   std::string error;
 };
+struct Release {};  // `spotvisor release`: end an on-failure-hold now
 struct SyncDone {
   bool ok = true;
   bool final = true;  // false: the sync before a restart
 };
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release>;
 
 // Actions.
 struct StartRestore {};
@@ -99,6 +101,7 @@ struct StateMachineOptions {
   std::chrono::milliseconds quick_crash{60'000};  // a crash sooner than this after start doubles the delay
   std::chrono::milliseconds max_runtime{0};       // from spotvisor's start; 0: none
   std::chrono::milliseconds maintenance_stop_lead{0};
+  std::chrono::milliseconds on_failure_hold{0};  // 0: no hold
 };
 
 class StateMachine {
@@ -124,6 +127,7 @@ class StateMachine {
   void BeginStop(EndReason reason, SteadyTime now, std::vector<Action>& out);
   void Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why);
   void Finish(SteadyTime now, std::vector<Action>& out);
+  void RunOnExitNow(SteadyTime now, std::vector<Action>& out);
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
   void AfterDraining(SteadyTime now, std::vector<Action>& out);

@@ -490,3 +490,40 @@ TEST_CASE("a maintenance notice with a lead: sync now, stop the trainer at the l
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("on-failure-hold: a failed run holds before on-exit; release or the deadline ends it") {
+  auto o = Harness::Options();
+  o.on_failure_hold = 30min;
+  Harness h(o);
+  h.StartRunning();
+  h.On(TrainerExited{100, 2, 0});
+  CHECK(h.On(LeftoversGone{}).empty());
+  CHECK(h.machine.phase() == Phase::kHolding);
+  CHECK(h.Logged("run.hold"));
+  CHECK(*h.machine.deadline() == h.now + 30min);
+  Only<RunOnExit>(h.On(Release{}));
+  CHECK(h.Logged("run.released"));
+
+  Harness t(o);
+  t.StartRunning();
+  t.On(TrainerExited{100, 2, 0});
+  t.On(LeftoversGone{});
+  Only<RunOnExit>(t.Advance(30min));
+  CHECK(t.Logged("run.hold_over"));
+}
+
+TEST_CASE("no hold after a success, and Release outside a hold does nothing") {
+  auto o = Harness::Options();
+  o.on_failure_hold = 30min;
+  Harness h(o);
+  h.StartRunning();
+  CHECK(h.On(Release{}).empty());
+  h.On(TrainerExited{100, 0, 0});
+  Only<RunOnExit>(h.On(LeftoversGone{}));
+}
+
+}  // namespace
+}  // namespace spotvisor

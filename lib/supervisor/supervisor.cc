@@ -126,6 +126,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.restart_delay = c.restart_delay;
   o.max_runtime = c.max_runtime;
   o.maintenance_stop_lead = c.maintenance_stop_lead;
+  o.on_failure_hold = c.on_failure_hold;
   return o;
 }
 
@@ -357,6 +358,13 @@ void Supervisor::OnSignal(int signo) {
   });
   if (signo == SIGCHLD) {
     Reap();
+  } else if (signo == SIGUSR2) {
+    // `spotvisor release`
+    if (machine_.phase() == Phase::kHolding) {
+      Dispatch(Release{});
+    } else {
+      logger_.Info("signal.received", "SIGUSR2 (release): nothing is being held");
+    }
   } else if (signo == SIGUSR1) {
     if (options_.sync) {
       StartSync("on-demand", false, false);
@@ -517,6 +525,9 @@ void Supervisor::WriteStatus(const LogEvent& last) {
   if (!last_sync_.is_null()) j["last_sync"] = last_sync_;
   if (options_.sync) j["bucket"] = options_.sync->Describe();
   if (machine_.phase() == Phase::kDone) j["exit_code"] = machine_.exit_code();
+  if (auto d = machine_.deadline()) {
+    j["deadline"] = FormatRfc3339(clock_.WallNow() + std::chrono::duration_cast<std::chrono::system_clock::duration>(*d - clock_.Now()));
+  }
   auto s = WriteStatusFile(c.state_dir, j);
   if (!s.ok() && s.message() != status_error_) {
     status_error_ = s.message();

@@ -38,7 +38,7 @@ class DocsTest(unittest.TestCase):
 
 class CliTest(unittest.TestCase):
     def test_help_for_every_command(self):
-        for cmd in ("daemon", "run", "config", "status", "sync", "version"):
+        for cmd in ("daemon", "run", "config", "status", "sync", "release", "version"):
             out = run(cmd, "--help")
             self.assertEqual(out.returncode, 0, cmd)
             self.assertTrue(out.stdout.startswith(f"Usage: spotvisor {cmd}"), out.stdout)

@@ -136,5 +136,26 @@ class OnExitApiTest(SpotvisorTestCase):
         p.wait_event("shutdown.skipped")
 
 
+class HoldTest(SpotvisorTestCase):
+    def test_a_failed_run_holds_the_vm_until_released(self):
+        import subprocess
+        from harness import SPOTVISOR
+        p = self.run_trainer(["--run-for", "10", "--exit-code", "4"], sets={
+            "on-failure-hold": "30m", "on-exit": "poweroff", "shutdown-command": f"echo off >> {self.path('off')}"})
+        hold = p.wait_event("run.hold")
+        self.assertIn("spotvisor release", hold["message"])
+        status = subprocess.run([SPOTVISOR, "status", "--state-dir", self.path("state")], capture_output=True, text=True)
+        self.assertIn("phase:       holding", status.stdout)
+        self.assertIn("deadline:", status.stdout)
+        self.assertFalse(os.path.exists(self.path("off")), "held: not powered off yet")
+        out = subprocess.run([SPOTVISOR, "release", "--state-dir", self.path("state")], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(p.wait_exit(), 4)
+        p.wait_event("run.released")
+        self.assertEqual(self.read("off"), "off\n")
+        again = subprocess.run([SPOTVISOR, "release", "--state-dir", self.path("state")], capture_output=True, text=True)
+        self.assertEqual(again.returncode, 3)
+
+
 if __name__ == "__main__":
     unittest.main()
