@@ -288,6 +288,8 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   c.max_runtime = res.Duration("max-runtime", c.max_runtime);
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
   c.on_failure_hold = res.Duration("on-failure-hold", c.on_failure_hold);
+  c.idle_timeout = res.Duration("idle-timeout", c.idle_timeout);
+  res.Integer("idle-threshold", 1, 100, c.idle_threshold);
   c.storage_endpoint = std::string(Trim(res.Get("storage-endpoint").value));
   if (!StartsWith(c.storage_endpoint, "http://") && !StartsWith(c.storage_endpoint, "https://")) {
     res.Error("storage-endpoint", fmt::format("\"{}\" is not an http:// or https:// URL", c.storage_endpoint));

@@ -65,6 +65,7 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kAlreadyDone: return "already-done";
     case EndReason::kRestoreFailed: return "restore-failed";
     case EndReason::kMaxRuntime: return "max-runtime";
+    case EndReason::kIdle: return "idle";
   }
   return "?";
 }
@@ -220,6 +221,13 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 break;
               default: break;
             }
+          },
+          [&](const IdleTimeout& e) {
+            if (phase_ != Phase::kRunning) return;
+            Log(Severity::kWarning, "idle.detected",
+                fmt::format("the trainer has been idle for {}: ending the run", FormatDuration(e.idle)),
+                {{"idle_s", std::chrono::duration<double>(e.idle).count()}});
+            BeginStop(EndReason::kIdle, now, out);
           },
           [&](const Release&) {
             if (phase_ != Phase::kHolding) return;

@@ -31,7 +31,7 @@ enum class Phase {
 };
 const char* PhaseName(Phase p);
 
-enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime };
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle };
 const char* EndReasonName(EndReason r);
 
 // Events.
@@ -58,13 +58,14 @@ struct RestoreDone {
   bool resumed = false;
   std::string error;
 };
-struct Release {};  // `spotvisor release`: end an on-failure-hold now
+struct Release {};
+struct IdleTimeout { std::chrono::milliseconds idle; };  // idle-timeout expired  // `spotvisor release`: end an on-failure-hold now
 struct SyncDone {
   bool ok = true;
   bool final = true;  // false: the sync before a restart
 };
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout>;
 
 // Actions.
 struct StartRestore {};

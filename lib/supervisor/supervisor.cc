@@ -141,7 +141,8 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       machine_(MachineOptions(options_.config), [this](LogEvent e) { OnMachineEvent(std::move(e)); }),
       signals_(signals),
       deadline_timer_(io),
-      sync_timer_(io) {}
+      sync_timer_(io),
+      idle_timer_(io) {}
 
 Supervisor::~Supervisor() {
   for (auto& t : workers_) {
@@ -252,6 +253,32 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
   for (auto& p : pumps_) p->Start();
   Dispatch(TrainerSpawned{trainer_pid_});
   ArmSyncTimer();
+  if (c.idle_timeout.count() > 0) {
+    if (!sampler_) {
+      sampler_ = MakeProcActivitySampler();
+      if (auto why = sampler_->GpuUnavailableReason(); !why.empty()) logger_.Info("idle.gpu_unavailable", why);
+    }
+    idle_.emplace(c.idle_threshold, c.idle_threshold);
+    idle_->Reset(clock_.Now());
+    ArmIdleTimer();
+  }
+}
+
+// Samples the trainer's tree ten times per idle-timeout (every 100 ms to
+// 10 s): reading /proc for one tree is cheap enough for the loop.
+void Supervisor::ArmIdleTimer() {
+  auto timeout = options_.config.idle_timeout;
+  auto every = std::clamp<std::chrono::milliseconds>(timeout / 10, std::chrono::milliseconds(100), std::chrono::seconds(10));
+  idle_timer_.expires_after(every);
+  idle_timer_.async_wait([this, timeout](boost::system::error_code ec) {
+    if (ec || exited_ || machine_.phase() != Phase::kRunning) return;
+    auto idle = idle_->Observe(clock_.Now(), sampler_->Sample(trainer_pid_));
+    if (idle >= timeout) {
+      Dispatch(IdleTimeout{idle});
+      return;
+    }
+    ArmIdleTimer();
+  });
 }
 
 void Supervisor::StartRestore() {
@@ -500,6 +527,7 @@ void Supervisor::Exit(int code) {
   signals_.cancel(ec);
   deadline_timer_.cancel();
   sync_timer_.cancel();
+  idle_timer_.cancel();
   compute_sleeper_.Cancel();
   io_.stop();
 }

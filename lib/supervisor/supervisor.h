@@ -18,6 +18,7 @@
 #include "output/line_assembler.h"
 #include "process/spawn.h"
 #include "supervisor/state_machine.h"
+#include "activity/activity.h"
 #include "compute/compute_client.h"
 #include "sync/sync_engine.h"
 
@@ -73,6 +74,7 @@ class Supervisor {
   void StartRestore();
   void StartSync(const std::string& kind, bool final, bool write_done);
   void ArmSyncTimer();
+  void ArmIdleTimer();
   void OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done);
 
   boost::asio::io_context& io_;
@@ -83,6 +85,9 @@ class Supervisor {
   boost::asio::signal_set& signals_;
   boost::asio::steady_timer deadline_timer_;
   boost::asio::steady_timer sync_timer_;
+  boost::asio::steady_timer idle_timer_;
+  std::unique_ptr<ActivitySampler> sampler_;
+  std::optional<IdleDetector> idle_;
   std::vector<std::thread> workers_;  // joined in the destructor
   bool sync_in_flight_ = false;       // periodic or on-demand
   bool restored_ = false;

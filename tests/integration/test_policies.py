@@ -157,5 +157,54 @@ class HoldTest(SpotvisorTestCase):
         self.assertEqual(again.returncode, 3)
 
 
+class IdleTest(SpotvisorTestCase):
+    def test_a_quiet_trainer_ends_the_run_as_idle(self):
+        p = self.run_trainer(["--marker-file", self.path("marker")], sets={"idle-timeout": "1s"})
+        self.assertEqual(p.wait_exit(), 130)
+        e = p.wait_event("idle.detected")
+        self.assertGreaterEqual(e["idle_s"], 1.0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "idle")
+        self.assertTrue(any(l.startswith("sigint ") for l in self.marker_lines()))
+        p.wait_event("idle.gpu_unavailable")  # no NVIDIA driver on this machine: said once
+
+    def test_a_busy_trainer_is_not_idle(self):
+        # Burns CPU for 3 s (three idle-timeouts), then exits 0 by itself.
+        p = self.start(["run"] + self.base_sets(**{"idle-timeout": "1s"})
+                       + ["--", "/bin/sh", "-c", "end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do :; done"])
+        self.assertEqual(p.wait_exit(), 0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        self.assertFalse(p.find("idle.detected"))
+
+    def test_a_client_connected_to_the_trainer_keeps_it_alive(self):
+        import socket
+        import subprocess
+        # A quiet "notebook server" on a free port, with a client connected to it for 3 s.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = (f"import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                  f"s.bind(('127.0.0.1',{port})); s.listen(); c,_=s.accept(); c.recv(1); time.sleep(600)")
+        p = self.start(["run"] + self.base_sets(**{"idle-timeout": "1s"}) + ["--", "/usr/bin/python3", "-c", server])
+        p.wait_event("trainer.start")
+        client = None
+        for _ in range(200):
+            try:
+                client = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                import time
+                time.sleep(0.02)  # bounded retry while the server starts
+        self.assertIsNotNone(client)
+        import time
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            self.assertIsNone(p.proc.poll(), "ended while a client was connected")
+            time.sleep(0.1)
+        client.close()
+        p.wait_event("idle.detected")  # once the client is gone, the quiet server is idle
+        p.wait_exit()
+        self.assertEqual(p.wait_event("run.end")["reason"], "idle")
+
+
 if __name__ == "__main__":
     unittest.main()
