@@ -36,6 +36,9 @@ const std::vector<KeySpec>& AllKeys() {
        "End the run after this long with no activity by the trainer's process tree (0: never); for interactive servers"},
       {"idle-threshold", KeyType::kString, "5",
        "Percent of one CPU core (or of a GPU) above which the trainer counts as active (1-100)"},
+      {"preemption-stop-lead", KeyType::kDuration, "0s",
+       "For VMs created with --preemption-notice-duration: on preemption, sync at once and stop the trainer this much "
+       "later (0: right away)"},
       {"on-failure-hold", KeyType::kDuration, "0",
        "After a failed run, keep the VM up this long before on-exit, for debugging (spotvisor release ends it early)"},
       {"bucket", KeyType::kString, "",

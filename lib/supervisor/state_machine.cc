@@ -156,9 +156,17 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             if (phase_ == Phase::kStopping && leader_exited_) BeginDraining(now, out);
           },
           [&](const PreemptionNotice&) {
-            Log(Severity::kWarning, "preemption.detected", "instance/preempted is TRUE: the VM is being preempted",
+            bool lead = phase_ == Phase::kRunning && options_.preemption_stop_lead.count() > 0;
+            Log(Severity::kWarning, "preemption.detected",
+                lead ? fmt::format("instance/preempted is TRUE: syncing now, stopping the trainer in {} (preemption-stop-lead)",
+                                   FormatDuration(options_.preemption_stop_lead))
+                     : std::string("instance/preempted is TRUE: the VM is being preempted"),
                 {{"phase", PhaseName(phase_)}});
-            if (phase_ == Phase::kRunning) BeginStop(EndReason::kPreempted, now, out);
+            if (lead) {
+              ScheduleStop(EndReason::kPreempted, options_.preemption_stop_lead, now, out);
+            } else if (phase_ == Phase::kRunning) {
+              BeginStop(EndReason::kPreempted, now, out);
+            }
             if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kPreempted;
             if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kPreempted, now, out);
           },
@@ -171,12 +179,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                             : std::string("host maintenance will terminate this VM: stopping the trainer"),
                   {{"value", e.value}});
               if (scheduled) {
-                // Notice, not an emergency: save now, stop between steps later.
-                if (!maintenance_stop_at_) {
-                  maintenance_stop_at_ = now + options_.maintenance_stop_lead;
-                  if (options_.sync) out.push_back(SyncNow{"maintenance"});
-                  deadline_ = RunningDeadline();
-                }
+                ScheduleStop(EndReason::kMaintenance, options_.maintenance_stop_lead, now, out);
               } else if (phase_ == Phase::kRunning) {
                 BeginStop(EndReason::kMaintenance, now, out);
               }
@@ -261,8 +264,8 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             if (!deadline_ || now < *deadline_) return;
             switch (phase_) {
               case Phase::kRunning:
-                if (maintenance_stop_at_ && now >= *maintenance_stop_at_) {
-                  BeginStop(EndReason::kMaintenance, now, out);
+                if (scheduled_stop_at_ && now >= *scheduled_stop_at_) {
+                  BeginStop(scheduled_reason_, now, out);
                 } else if (max_runtime_at_ && now >= *max_runtime_at_) {
                   Log(Severity::kWarning, "run.max_runtime",
                       fmt::format("max-runtime {} reached: stopping the trainer", FormatDuration(options_.max_runtime)));
@@ -379,8 +382,20 @@ void StateMachine::BeginDraining(SteadyTime now, std::vector<Action>& out) {
 
 std::optional<SteadyTime> StateMachine::RunningDeadline() const {
   std::optional<SteadyTime> d = max_runtime_at_;
-  if (maintenance_stop_at_ && (!d || *maintenance_stop_at_ < *d)) d = maintenance_stop_at_;
+  if (scheduled_stop_at_ && (!d || *scheduled_stop_at_ < *d)) d = scheduled_stop_at_;
   return d;
+}
+
+// Notice, not an emergency: save now, stop between steps later. A second
+// notice keeps the earlier stop time.
+void StateMachine::ScheduleStop(EndReason reason, std::chrono::milliseconds lead, SteadyTime now, std::vector<Action>& out) {
+  auto at = now + lead;
+  if (scheduled_stop_at_ && *scheduled_stop_at_ <= at) return;
+  bool first = !scheduled_stop_at_;
+  scheduled_stop_at_ = at;
+  scheduled_reason_ = reason;
+  if (first && options_.sync) out.push_back(SyncNow{reason == EndReason::kPreempted ? "preemption" : "maintenance"});
+  deadline_ = RunningDeadline();
 }
 
 // The trainer is not running (between restarts): no ladder, straight to the

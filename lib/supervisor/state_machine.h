@@ -102,6 +102,9 @@ struct StateMachineOptions {
   std::chrono::milliseconds quick_crash{60'000};  // a crash sooner than this after start doubles the delay
   std::chrono::milliseconds max_runtime{0};       // from spotvisor's start; 0: none
   std::chrono::milliseconds maintenance_stop_lead{0};
+  // A VM created with --preemption-notice-duration sees preempted=TRUE that
+  // long before the power button: sync at once, stop the trainer this much later.
+  std::chrono::milliseconds preemption_stop_lead{0};
   std::chrono::milliseconds on_failure_hold{0};  // 0: no hold
 };
 
@@ -136,6 +139,8 @@ class StateMachine {
   void RestartIfReady(std::vector<Action>& out);
   std::optional<SteadyTime> RunningDeadline() const;
   void StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out);
+  // A notice with a lead: sync now, stop the trainer at now + lead.
+  void ScheduleStop(EndReason reason, std::chrono::milliseconds lead, SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
 
   StateMachineOptions options_;
@@ -155,7 +160,8 @@ class StateMachine {
   bool restart_sync_pending_ = false;
   bool restart_delay_passed_ = false;
   std::optional<SteadyTime> max_runtime_at_;
-  std::optional<SteadyTime> maintenance_stop_at_;
+  std::optional<SteadyTime> scheduled_stop_at_;  // after a notice with a lead
+  EndReason scheduled_reason_ = EndReason::kMaintenance;
   bool on_exit_started_ = false;
 };
 

@@ -527,3 +527,52 @@ TEST_CASE("no hold after a success, and Release outside a hold does nothing") {
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("preemption-stop-lead: with a notice duration, preemption syncs now and stops at the lead") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.preemption_stop_lead = 90s;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SyncNow>(h.On(PreemptionNotice{})).kind == "preemption");
+  CHECK(h.machine.phase() == Phase::kRunning);
+  CHECK(h.Advance(89s).empty());
+  CHECK(Only<SignalTrainer>(h.Advance(1s)).signo == SIGINT);
+  h.On(TrainerExited{100, 130, 0});
+  h.On(LeftoversGone{});
+  Only<RunOnExit>(h.On(SyncDone{true}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("the power button during the lead starts the ladder at once") {
+  auto o = Harness::Options();
+  o.preemption_stop_lead = 90s;
+  Harness h(o);
+  h.StartRunning();
+  CHECK(h.On(PreemptionNotice{}).empty());  // no bucket: nothing to sync yet
+  h.now += 10s;
+  CHECK(Only<SignalTrainer>(h.On(StopSignal{SIGTERM})).signo == SIGINT);
+}
+
+TEST_CASE("a maintenance notice after a preemption notice keeps the earlier stop") {
+  auto o = Harness::Options();
+  o.preemption_stop_lead = 30s;
+  o.maintenance_stop_lead = 50min;
+  Harness h(o);
+  h.StartRunning();
+  h.On(PreemptionNotice{});
+  h.On(MaintenanceNotice{"TERMINATE_ON_HOST_MAINTENANCE"});
+  CHECK(*h.machine.deadline() == h.now + 30s);
+  h.Advance(30s);
+  h.On(TrainerExited{100, 0, 0});
+  Only<RunOnExit>(h.On(LeftoversGone{}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+}  // namespace
+}  // namespace spotvisor

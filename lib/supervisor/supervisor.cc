@@ -126,6 +126,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.restart_delay = c.restart_delay;
   o.max_runtime = c.max_runtime;
   o.maintenance_stop_lead = c.maintenance_stop_lead;
+  o.preemption_stop_lead = c.preemption_stop_lead;
   o.on_failure_hold = c.on_failure_hold;
   return o;
 }

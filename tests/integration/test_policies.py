@@ -167,6 +167,26 @@ class IdleTest(SpotvisorTestCase):
         self.assertTrue(any(l.startswith("sigint ") for l in self.marker_lines()))
         p.wait_event("idle.gpu_unavailable")  # no NVIDIA driver on this machine: said once
 
+    def test_a_busy_gpu_keeps_a_quiet_trainer_alive(self):
+        from harness import ROOT
+        nvml_dir = os.environ.get("FAKE_NVML_DIR", os.path.join(ROOT, "build", "tests", "fake_nvml"))
+        util = self.path("gpu_util")
+        with open(util, "w") as f:
+            f.write("80")
+        p = self.run_trainer(["--marker-file", self.path("marker")], sets={"idle-timeout": "1s"},
+                             env={"LD_LIBRARY_PATH": nvml_dir, "FAKE_NVML_UTIL_FILE": util})
+        p.wait_trainer_ready()
+        import time
+        deadline = time.monotonic() + 3  # three idle-timeouts with the GPU at 80%
+        while time.monotonic() < deadline:
+            self.assertIsNone(p.proc.poll(), "ended while the GPU was busy")
+            time.sleep(0.1)
+        self.assertFalse(p.find("idle.gpu_unavailable"), "NVML was loaded")
+        with open(util, "w") as f:
+            f.write("0")
+        self.assertEqual(p.wait_exit(), 130)
+        self.assertEqual(p.wait_event("run.end")["reason"], "idle")
+
     def test_a_busy_trainer_is_not_idle(self):
         # Burns CPU for 3 s (three idle-timeouts), then exits 0 by itself.
         p = self.start(["run"] + self.base_sets(**{"idle-timeout": "1s"})
