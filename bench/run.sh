@@ -39,3 +39,4 @@ python3 bench/semantics.py
 echo
 echo "== idle cost (bench/idle.py)"
 python3 bench/idle.py
+echo; echo "== checkpoint sync vs rclone (bench/sync_vs_rclone.py)"; /usr/bin/python3 bench/sync_vs_rclone.py

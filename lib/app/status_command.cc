@@ -75,7 +75,7 @@ int RequestSync(const std::string& state_dir, std::chrono::milliseconds timeout)
   while (std::chrono::steady_clock::now() < deadline) {
     // Polling a small local file is the simplest channel a CLI has; the
     // daemon rewrites it when the sync ends.
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     auto now = ReadStatusFile(state_dir);
     if (!now.ok() || !now->contains("last_sync")) continue;
     auto const& ls = (*now)["last_sync"];

@@ -116,7 +116,8 @@ class FileObjectStore final : public ObjectStore {
     if (!fs::exists(root_, ec)) return out;
     for (auto it = fs::recursive_directory_iterator(root_, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
       if (!it->is_regular_file()) continue;
-      auto rel = fs::relative(it->path(), root_).string();
+      auto full = it->path().string();
+      auto rel = full.substr(std::min(full.size(), root_.size() + 1));
       if (rel == ".lock" || rel.find(".spotvisor-tmp.") != std::string::npos || rel.rfind(prefix, 0) != 0) continue;
       struct stat st {};
       if (stat(it->path().c_str(), &st) != 0) continue;

@@ -234,11 +234,16 @@ StatusOr<SyncStats> SyncEngine::Sync(bool final) {
   std::vector<Work> changed;
   std::map<std::string, Uploaded> next;
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(o_.checkpoint_dir, ec); !ec && it != fs::recursive_directory_iterator();
+  std::string root = o_.checkpoint_dir;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
     struct stat st {};
     if (lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // symlinks are not followed
-    auto rel = fs::relative(it->path(), o_.checkpoint_dir).string();
+    // A plain prefix cut: fs::relative resolves both paths through the file
+    // system (8 readlinks per file), which dominated a no-op sync.
+    auto full = it->path().string();
+    auto rel = full.substr(std::min(full.size(), root.size() + 1));
     if (rel.find(kRestoreTmp) != std::string::npos) continue;
     auto prev = state_.find(rel);
     if (prev != state_.end() && prev->second.size == static_cast<std::uint64_t>(st.st_size) && prev->second.mtime_ns == MtimeNs(st)) {
