@@ -50,10 +50,14 @@ const std::map<std::string, std::string> kHelp = {
      "Starts the trainer unless the VM is already preempted, watches instance/preempted and\n"
      "instance/maintenance-event, and on preemption, TERMINATE maintenance, SIGINT or SIGTERM\n"
      "stops the trainer: SIGINT, then SIGTERM after stop-timeout, then SIGKILL after kill-timeout.\n"
-     "When the run ends it performs on-exit (default here: poweroff).\n"
+     "With a bucket it restores the newest complete checkpoint first and syncs it periodically\n"
+     "and once more at the end. When the run ends it performs on-exit (default here: poweroff).\n"
+     "Signals: SIGINT/SIGTERM stop the run, SIGUSR1 syncs now, SIGUSR2 ends an on-failure-hold.\n"
      "\n"
      "Exit status: the trainer's (128+N if killed by signal N), 78 for a configuration error,\n"
-     "75 if the VM was preempted before the trainer started, 126/127 if it could not be started.\n"
+     "75 if the VM was preempted before the trainer started, 74 if the checkpoint could not be\n"
+     "restored, 73 if the trainer succeeded but the final sync failed, 126/127 if the trainer\n"
+     "could not be started.\n"
      "Logs: one JSON object per line on stdout (readable text on a terminal).\n"},
     {"run",
      "Usage: spotvisor run [--config FILE] [--set KEY=VALUE]... [-- COMMAND ARGS...]\n"
@@ -62,6 +66,7 @@ const std::map<std::string, std::string> kHelp = {
      "the `command` key (exec form: no shell involved). --set overrides any key and may repeat.\n"
      "The metadata server is used when reachable (required when GCE_METADATA_HOST is set).\n"
      "Defaults differ from daemon mode: on-exit = none, workdir = the current directory.\n"
+     "Exit status and signals as for `spotvisor daemon --help`.\n"
      "\n"
      "Example: spotvisor run --set stop-timeout=60s -- python train.py --epochs 10\n"},
     {"config",

@@ -1,5 +1,7 @@
 #include "activity/activity.h"
 
+#include "process/proc.h"
+
 #include <dirent.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -16,37 +18,7 @@
 namespace spotvisor {
 namespace {
 
-struct ProcInfo {
-  pid_t ppid = 0;
-  double cpu_seconds = 0;
-};
-
-std::map<pid_t, ProcInfo> ReadProcs() {
-  std::map<pid_t, ProcInfo> out;
-  static const double kTicks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  DIR* d = opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    long pid = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    std::ifstream in(fmt::format("/proc/{}/stat", pid));
-    std::string s;
-    if (!std::getline(in, s)) continue;
-    auto close = s.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(s.substr(close + 2));
-    std::vector<std::string> f{std::istream_iterator<std::string>(rest), {}};
-    // After "(comm)": state(0) ppid(1) ... utime(11) stime(12).
-    if (f.size() < 13) continue;
-    out[static_cast<pid_t>(pid)] = {static_cast<pid_t>(std::atol(f[1].c_str())),
-                                    (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / kTicks};
-  }
-  closedir(d);
-  return out;
-}
-
-std::set<pid_t> Tree(pid_t root, const std::map<pid_t, ProcInfo>& procs) {
+std::set<pid_t> Tree(pid_t root, const std::map<pid_t, ProcStat>& procs) {
   std::set<pid_t> tree;
   if (!procs.count(root)) return tree;
   tree.insert(root);
@@ -160,7 +132,8 @@ class Nvml {
 class ProcActivitySampler final : public ActivitySampler {
  public:
   ActivitySample Sample(pid_t root) override {
-    auto procs = ReadProcs();
+    std::map<pid_t, ProcStat> procs;
+    for (auto const& p : ListProcesses()) procs[p.pid] = p;
     auto tree = Tree(root, procs);
     ActivitySample s;
     for (pid_t pid : tree) s.cpu_seconds += procs[pid].cpu_seconds;

@@ -1,6 +1,7 @@
 #include "process/spawn.h"
 
-#include <dirent.h>
+#include "process/proc.h"
+
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/prctl.h>
@@ -9,8 +10,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -93,34 +92,6 @@ std::vector<char*> CStrings(const std::vector<std::string>& v) {
   return out;
 }
 
-// Field after the ")" of /proc/PID/stat: state ppid pgrp ...
-bool ReadStat(pid_t pid, pid_t& ppid, pid_t& pgrp) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string s;
-  if (!std::getline(in, s)) return false;
-  auto close = s.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream rest(s.substr(close + 1));
-  char state = 0;
-  return static_cast<bool>(rest >> state >> ppid >> pgrp);
-}
-
-template <typename Pred>
-std::vector<pid_t> ScanProc(Pred pred) {
-  std::vector<pid_t> out;
-  DIR* d = opendir("/proc");
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    long pid = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    pid_t ppid = 0, pgrp = 0;
-    if (ReadStat(static_cast<pid_t>(pid), ppid, pgrp) && pred(ppid, pgrp)) out.push_back(static_cast<pid_t>(pid));
-  }
-  closedir(d);
-  return out;
-}
-
 }  // namespace
 
 StatusOr<SpawnedProcess> Spawn(const SpawnOptions& o) {
@@ -168,11 +139,19 @@ Status BecomeSubreaper() {
 
 std::vector<pid_t> ListChildren() {
   pid_t self = getpid();
-  return ScanProc([self](pid_t ppid, pid_t) { return ppid == self; });
+  std::vector<pid_t> out;
+  for (auto const& p : ListProcesses()) {
+    if (p.ppid == self) out.push_back(p.pid);
+  }
+  return out;
 }
 
 std::vector<pid_t> ListProcessGroup(pid_t pgid) {
-  return ScanProc([pgid](pid_t, pid_t pgrp) { return pgrp == pgid; });
+  std::vector<pid_t> out;
+  for (auto const& p : ListProcesses()) {
+    if (p.pgrp == pgid) out.push_back(p.pid);
+  }
+  return out;
 }
 
 }  // namespace spotvisor
