@@ -20,6 +20,7 @@
 #include "storage/file_object_store.h"
 #include "storage/gcs_object_store.h"
 #include "log/async_sink.h"
+#include "log/cloud_logging_sink.h"
 #include "metadata/watcher.h"
 #include "process/spawn.h"
 #include "process/user.h"
@@ -58,6 +59,7 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
   }
   if (auto p = client.Get("instance/scheduling/preemptible"); p.ok()) m.preemptible = p->value;
   if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
+  if (auto id = client.Get("instance/id"); id.ok()) m.instance_id = id->value;
   if (auto z = client.Get("instance/zone"); z.ok()) m.zone = z->value.substr(z->value.rfind('/') + 1);
   m.available = true;
   return m;
@@ -136,6 +138,7 @@ int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger) {
   logger.Log(LogEvent{Severity::kError, "run.end",
                       fmt::format("run ended: config-error ({} problem(s); see config.error above)", r.errors.size()),
                       {{"reason", "config-error"}, {"exit_code", kExitConfigError}}});
+  logger.Flush(std::chrono::seconds(10));
   if (OnExitValue(r, mode) != "poweroff") return kExitConfigError;
   std::string cmd = r.values.count("shutdown-command") ? r.values.at("shutdown-command").value : "";
   if (cmd.empty()) cmd = FindKey("shutdown-command")->default_value;
@@ -327,6 +330,10 @@ int RunEngine(const EngineOptions& options) {
     return EndWithConfigError(r, options.mode, logger);
   }
   MetadataSnapshot metadata = **std::move(loaded);
+  {
+    const char* host = std::getenv("GCE_METADATA_HOST");
+    metadata.default_address = metadata.available && (host == nullptr || *host == '\0');
+  }
   auto result = LoadConfig(options, metadata);
   PrepareHost(result, options.mode);
   // Labels first, so every line about this run carries them.
@@ -343,6 +350,24 @@ int RunEngine(const EngineOptions& options) {
                 "trainer is stopped and its checkpoint synced before that");
   }
   if (config.log_format != options.log_format) SetUpLogging(logger, config.log_format);
+  if (config.log_to == LogTo::kApi || (config.log_to == LogTo::kAuto && metadata.default_address)) {
+    if (!metadata.available) {
+      ConfigResult r = result;
+      r.errors.push_back("log-to: api needs the metadata server (project, zone, instance id and a token), which is not there");
+      return EndWithConfigError(r, options.mode, logger);
+    }
+    CloudLoggingOptions lo;
+    lo.endpoint = config.logging_endpoint;
+    lo.project_id = metadata.project_id;
+    lo.instance_id = metadata.instance_id;
+    lo.zone = metadata.zone;
+    lo.labels = config.log_labels;
+    logger.AddSink(std::make_unique<CloudLoggingSink>(
+        lo, std::make_unique<MetadataTokenProvider>(NewMetadataClient(options.mode), clock), MakeCurlHttpClient()));
+    logger.Info("log.api", fmt::format("logging to Cloud Logging ({}) as projects/{}/logs/spotvisor and spotvisor-trainer",
+                                       config.logging_endpoint, metadata.project_id));
+  }
+  for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
 
   SupervisorOptions so;
   so.config = config;

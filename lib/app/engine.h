@@ -35,6 +35,8 @@ struct MetadataSnapshot {
   MetadataValue preempted, maintenance;
   std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on legacy preemptible VMs
   std::string project_id, zone;  // zone: the last segment of instance/zone
+  std::string instance_id;
+  bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE
 };
 
 // Daemon mode, or GCE_METADATA_HOST set: metadata is required, so retry

@@ -275,6 +275,19 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     // stop and delete fall back to it when the Compute API call fails.
     res.Error("shutdown-command", "is empty; on-exit needs it to power off");
   }
+  res.OneOf<LogTo>("log-to", {{"auto", LogTo::kAuto}, {"stdout", LogTo::kStdout}, {"api", LogTo::kApi}}, c.log_to);
+  c.logging_endpoint = std::string(Trim(res.Get("logging-endpoint").value));
+  while (!c.logging_endpoint.empty() && c.logging_endpoint.back() == '/') c.logging_endpoint.pop_back();
+  for (auto const& raw : SplitLines(res.Get("log-labels").value)) {
+    auto line = Trim(raw);
+    if (line.empty() || line.front() == '#') continue;
+    auto eq = line.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      res.Error("log-labels", fmt::format("\"{}\" is not NAME=value", line));
+      continue;
+    }
+    c.log_labels[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
+  }
   c.bucket = std::string(Trim(res.Get("bucket").value));
   if (!c.bucket.empty()) {
     if (auto loc = ParseStoreLocation(c.bucket); !loc.ok()) res.Error("bucket", loc.status().message());

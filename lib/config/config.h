@@ -21,6 +21,7 @@ const char* ConfigSourceName(ConfigSource s);
 enum class OnExit { kPoweroff, kNone, kStop, kDelete };
 const char* OnExitName(OnExit o);
 enum class LogFormat { kAuto, kJson, kText };
+enum class LogTo { kAuto, kStdout, kApi };
 
 struct ConfigValue {
   std::string value;
@@ -60,6 +61,9 @@ struct Config {
   std::string compute_endpoint;
   std::string shutdown_command;
   LogFormat log_format = LogFormat::kAuto;
+  LogTo log_to = LogTo::kAuto;
+  std::string logging_endpoint;
+  std::map<std::string, std::string> log_labels;
   std::string bucket;  // empty: no checkpoint sync
   std::chrono::milliseconds sync_interval{600'000};
   int sync_parallelism = 4;

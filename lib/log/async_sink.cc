@@ -56,6 +56,14 @@ void AsyncSink::ReportDropsLocked(WallTime time, const std::map<std::string, std
                         time, labels});
 }
 
+void AsyncSink::Flush(std::chrono::milliseconds timeout) {
+  {
+    std::unique_lock lk(mu_);
+    drained_.wait_for(lk, timeout, [this] { return queue_.empty() && !writing_; });
+  }
+  inner_->Flush(timeout);
+}
+
 std::uint64_t AsyncSink::dropped() const {
   std::lock_guard lk(mu_);
   return dropped_total_;

@@ -25,6 +25,7 @@ class AsyncSink final : public LogSink {
 
   void Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) override;
   std::uint64_t dropped() const;
+  void Flush(std::chrono::milliseconds timeout) override;
 
  private:
   struct Item {

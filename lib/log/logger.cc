@@ -101,6 +101,19 @@ void Logger::ClearSinks() {
   sinks_.clear();
 }
 
+void Logger::Flush(std::chrono::milliseconds timeout) {
+  std::vector<LogSink*> sinks;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& s : sinks_) sinks.push_back(s.get());
+  }
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto* s : sinks) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    s->Flush(std::max(left, std::chrono::milliseconds(0)));
+  }
+}
+
 void Logger::SetLabel(const std::string& key, const std::string& value) {
   std::lock_guard lk(mu_);
   labels_[key] = value;

@@ -30,6 +30,8 @@ class LogSink {
  public:
   virtual ~LogSink() = default;
   virtual void Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) = 0;
+  // Blocks until what was written is delivered, or `timeout` passes.
+  virtual void Flush(std::chrono::milliseconds /*timeout*/) {}
 };
 
 // One JSON object per line: severity (both the plain and the
@@ -48,6 +50,8 @@ class Logger {
   void AddSink(std::unique_ptr<LogSink> sink);
   void ClearSinks();
   void SetLabel(const std::string& key, const std::string& value);
+  // Before the VM powers off: the last lines say why it stopped.
+  void Flush(std::chrono::milliseconds timeout);
   // Thread-safe; invalid UTF-8 in message or fields is replaced, never thrown.
   void Log(LogEvent e);
 

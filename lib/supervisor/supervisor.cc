@@ -461,6 +461,8 @@ OnExit Supervisor::OnExitFor(EndReason reason) const {
 }
 
 void Supervisor::RunOnExit() {
+  // The last lines say why the VM stops: deliver them before it does.
+  logger_.Flush(std::chrono::seconds(10));
   EndReason reason = *machine_.end_reason();
   OnExit action = OnExitFor(reason);
   if (action == OnExit::kNone) {

@@ -112,5 +112,51 @@ class DaemonTest(SpotvisorTestCase):
         self.assertEqual(p.wait_event("run.start")["mode"], "daemon")
 
 
+class CloudLoggingTest(SpotvisorTestCase):
+    """log-to=api: entries.write against a fake that validates the request shape."""
+
+    def setUp(self):
+        super().setUp()
+        from fake_logging import FakeLoggingServer
+        self.metadata.set("project/project-id", "my-project")
+        self.logging = FakeLoggingServer("my-project").start()
+        self.addCleanup(self.logging.stop)
+
+    def run_api(self, trainer, **sets):
+        base = {"log-to": "api", "logging-endpoint": self.logging.endpoint, "run-id": "exp1",
+                "log-labels": "experiment=lr-sweep"}
+        base.update(sets)
+        p = self.run_trainer(trainer, sets=base)
+        return p, p.wait_exit()
+
+    def test_events_and_trainer_output_reach_their_logs_before_on_exit(self):
+        self.logging.fault(429, count=2)  # retried with backoff
+        p, code = self.run_api(["--print", "hello", "--stderr", "oops", "--run-for", "10", "--exit-code", "3"],
+                               **{"on-exit": "poweroff", "shutdown-command": f"echo off >> {self.path('off')}"})
+        self.assertEqual(code, 3)
+        trainer = self.logging.entries("spotvisor-trainer")
+        events = self.logging.entries("spotvisor")
+        self.assertTrue([e for e in trainer if e["jsonPayload"]["message"] == "hello" and e["jsonPayload"]["stream"] == "stdout"])
+        self.assertTrue([e for e in trainer if e["jsonPayload"]["message"] == "oops" and e["jsonPayload"]["stream"] == "stderr"])
+        end = [e for e in events if e["jsonPayload"]["event"] == "run.end"]
+        self.assertEqual(len(end), 1, "the line that says why the VM stopped was delivered before on-exit")
+        self.assertEqual(end[0]["jsonPayload"]["reason"], "failed")
+        self.assertEqual(end[0]["severity"], "ERROR")
+        self.assertEqual(end[0]["labels"]["run_id"], "exp1")
+        self.assertEqual(end[0]["labels"]["experiment"], "lr-sweep")
+        self.assertEqual(end[0]["resource"]["labels"]["project_id"], "my-project")
+        self.assertEqual([e for e in events if e["jsonPayload"]["event"] == "trainer.exit"][0]["severity"], "ERROR")
+        self.assertGreaterEqual(len(self.logging.requests()), 3)
+        self.assertLess(len(self.logging.requests()), 10, "batched, not one request per line")
+        self.assertEqual(self.read("off"), "off\n")
+        # stdout keeps the JSON lines too, with the extra label.
+        self.assertEqual(p.wait_event("run.end")["logging.googleapis.com/labels"]["experiment"], "lr-sweep")
+
+    def test_log_to_stdout_sends_nothing(self):
+        _, code = self.run_api(["--run-for", "10"], **{"log-to": "stdout"})
+        self.assertEqual(code, 0)
+        self.assertEqual(self.logging.requests(), [])
+
+
 if __name__ == "__main__":
     unittest.main()

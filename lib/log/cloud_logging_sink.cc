@@ -1,0 +1,177 @@
+#include "log/cloud_logging_sink.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "retry/backoff_policy.h"
+#include "storage/gcs_object_store.h"
+
+namespace spotvisor {
+
+namespace {
+using Json = nlohmann::json;
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+}  // namespace
+
+std::string LogName(const std::string& project, const std::string& name) {
+  return fmt::format("projects/{}/logs/{}", project, UrlEncode(name));
+}
+
+CloudLoggingSink::CloudLoggingSink(CloudLoggingOptions options, std::unique_ptr<TokenProvider> tokens,
+                                   std::unique_ptr<HttpClient> http)
+    : o_(std::move(options)), tokens_(std::move(tokens)), http_(std::move(http)), thread_([this] { Run(); }) {}
+
+CloudLoggingSink::~CloudLoggingSink() {
+  Flush(std::chrono::seconds(5));
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  sleeper_.Cancel();
+  http_->Cancel();
+  thread_.join();
+}
+
+Json CloudLoggingSink::MakeEntry(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) const {
+  bool trainer = e.event == "trainer.output";
+  Json payload = {{"message", e.message}, {"event", e.event}};
+  for (auto const& [k, v] : e.fields.items()) payload[k] = v;
+  Json l = Json::object();
+  for (auto const& [k, v] : o_.labels) l[k] = v;
+  for (auto const& [k, v] : labels) l[k] = v;
+  Json entry = {{"logName", LogName(o_.project_id, trainer ? "spotvisor-trainer" : "spotvisor")},
+                {"timestamp", FormatRfc3339(time)},
+                {"severity", SeverityName(e.severity)},
+                {"labels", l},
+                {"jsonPayload", payload}};
+  // Entries above the API's limit (~256 KB) are rejected whole: cut the
+  // message instead (trainer lines are already capped at 16 KiB).
+  auto size = Dump(entry).size();
+  if (size > o_.max_entry_bytes) {
+    auto msg = e.message;
+    std::size_t keep = msg.size() > size - o_.max_entry_bytes + 64 ? msg.size() - (size - o_.max_entry_bytes) - 64 : 0;
+    entry["jsonPayload"] = {{"message", msg.substr(0, keep)}, {"event", e.event}, {"truncated_bytes", msg.size() - keep}};
+  }
+  return entry;
+}
+
+void CloudLoggingSink::Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) {
+  auto entry = MakeEntry(e, time, labels);
+  auto bytes = Dump(entry).size();
+  {
+    std::lock_guard lk(mu_);
+    bool droppable = e.event == "trainer.output" || e.event == "shutdown.output";
+    if (droppable && queue_.size() >= o_.max_queued) {
+      ++counters_.dropped;
+      ++unreported_drops_;
+      return;
+    }
+    if (unreported_drops_ > 0) {
+      LogEvent note{Severity::kWarning, "log.dropped",
+                    fmt::format("{} trainer output line(s) not sent to Cloud Logging: they came faster than they could be sent",
+                                unreported_drops_),
+                    {{"dropped", unreported_drops_}}};
+      queue_.push_back(MakeEntry(note, time, labels));
+      unreported_drops_ = 0;
+    }
+    queue_.push_back(std::move(entry));
+    queued_bytes_ += bytes;
+  }
+  cv_.notify_one();
+}
+
+void CloudLoggingSink::Flush(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  flush_requested_ = true;
+  cv_.notify_all();
+  idle_.wait_for(lk, timeout, [this] { return queue_.empty() && !sending_; });
+  flush_requested_ = false;
+}
+
+CloudLoggingSink::Counters CloudLoggingSink::counters() const {
+  std::lock_guard lk(mu_);
+  return counters_;
+}
+
+void CloudLoggingSink::Run() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    // A batch goes when it is full, when asked to flush, or batch_delay
+    // after its first entry arrived.
+    cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_ && queue_.empty()) return;
+    cv_.wait_for(lk, o_.batch_delay, [this] {
+      return stopping_ || flush_requested_ || queue_.size() >= o_.batch_entries || queued_bytes_ >= o_.batch_bytes;
+    });
+    std::vector<Json> batch;
+    std::size_t bytes = 0;
+    while (!queue_.empty() && batch.size() < o_.batch_entries) {
+      auto size = Dump(queue_.front()).size();
+      if (!batch.empty() && bytes + size > o_.batch_bytes) break;
+      bytes += size;
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    queued_bytes_ -= std::min(queued_bytes_, bytes);
+    sending_ = true;
+    lk.unlock();
+    bool ok = SendBatch(std::move(batch));
+    lk.lock();
+    sending_ = false;
+    if (!ok) ++counters_.failed_batches;
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+bool CloudLoggingSink::SendBatch(std::vector<Json> batch) {
+  std::size_t n = batch.size();
+  Json body = {{"resource", {{"type", "gce_instance"},
+                             {"labels", {{"project_id", o_.project_id}, {"instance_id", o_.instance_id}, {"zone", o_.zone}}}}},
+               {"entries", std::move(batch)},
+               {"partialSuccess", true}};
+  HttpRequest req;
+  req.method = "POST";
+  req.url = o_.endpoint + "/v2/entries:write";
+  req.body = Dump(body);
+  req.timeout = std::chrono::seconds(30);
+  ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(8), 2.0);
+  auto give_up = std::chrono::steady_clock::now() + o_.retry_budget;
+  std::string problem;
+  for (;;) {
+    auto auth = tokens_->AuthorizationHeader();
+    if (auth.ok()) {
+      req.headers = {{"Content-Type", "application/json"}};
+      if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
+      auto r = http_->Perform(req);
+      {
+        std::lock_guard lk(mu_);
+        ++counters_.requests;
+      }
+      if (r.ok() && r->status == 200) {
+        std::lock_guard lk(mu_);
+        counters_.sent += n;
+        return true;
+      }
+      problem = r.ok() ? fmt::format("HTTP {}: {:.200}", r->status, r->body) : r.status().message();
+      bool transient = !r.ok() || r->status == 429 || r->status >= 500;
+      if (!transient) break;  // 400 (bad entry), 403 (no logging.write scope): retrying will not help
+    } else {
+      problem = auth.status().message();
+    }
+    if (std::chrono::steady_clock::now() >= give_up || !sleeper_.SleepFor(backoff.OnCompletion())) break;
+  }
+  // spotvisor's own logs cannot report that they failed; stderr (journald)
+  // can, once per kind of problem.
+  std::lock_guard lk(mu_);
+  counters_.dropped += n;
+  if (problem != stderr_note_) {
+    stderr_note_ = problem;
+    std::fprintf(stderr, "spotvisor: %zu log entries not delivered to Cloud Logging: %s\n", n, problem.c_str());
+  }
+  return false;
+}
+
+}  // namespace spotvisor

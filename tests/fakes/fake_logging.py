@@ -1,0 +1,139 @@
+"""A fake Cloud Logging API: POST /v2/entries:write, validated like the real one.
+
+Checks (a violation answers 400 with the reason, as the API does):
+  - a bearer token (else 401);
+  - a JSON body of at most 10 MB with a non-empty `entries` list;
+  - `resource` of type gce_instance with project_id, instance_id and zone
+    (on the request or on every entry);
+  - every entry's logName (its own or the request's) is
+    projects/PROJECT/logs/LOG_ID with LOG_ID URL-encoded and under 512
+    characters, for this project;
+  - severity, if present, is one of Cloud Logging's names; timestamp is RFC 3339;
+  - each entry is at most 256 KB.
+fault(code, count) answers `code` (e.g. 429, 503) to the next `count` requests.
+Not implemented: partialSuccess per-entry errors, entries.list/tail, log
+buckets, sinks, quotas.
+"""
+import http.server
+import json
+import re
+import socket
+import socketserver
+import threading
+import urllib.parse
+
+SEVERITIES = {"DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY"}
+_RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+class FakeLoggingServer:
+    def __init__(self, project, host="127.0.0.1", port=0):
+        self.project = project
+        self._lock = threading.Condition()
+        self._entries = []
+        self._requests = []
+        self._faults = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                code, answer = fake._write(self.path, self.headers.get("Authorization", ""), body)
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server((host, port), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def fault(self, code, count=1):
+        with self._lock:
+            self._faults += [code] * count
+
+    def entries(self, log_id=None):
+        with self._lock:
+            return [dict(e) for e in self._entries if log_id is None or e["logName"].endswith("/logs/" + log_id)]
+
+    def requests(self):
+        with self._lock:
+            return list(self._requests)
+
+    def wait_for(self, predicate, timeout=10):
+        with self._lock:
+            return self._lock.wait_for(lambda: predicate(self._entries), timeout)
+
+    @staticmethod
+    def _bad(message):
+        return 400, {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+
+    def _write(self, path, auth, body):
+        with self._lock:
+            self._requests.append({"path": path, "bytes": len(body), "auth": bool(auth)})
+            if self._faults:
+                code = self._faults.pop(0)
+                return code, {"error": {"code": code, "message": f"injected {code}"}}
+        if path.split("?")[0] != "/v2/entries:write":
+            return 404, {"error": {"code": 404, "message": f"no such method {path}"}}
+        if not auth.startswith("Bearer ") or len(auth) <= len("Bearer "):
+            return 401, {"error": {"code": 401, "message": "Request had invalid authentication credentials."}}
+        if len(body) > 10 * 1024 * 1024:
+            return self._bad("Request payload size exceeds the limit: 10485760 bytes.")
+        try:
+            req = json.loads(body)
+        except ValueError as e:
+            return self._bad(f"Invalid JSON payload received. {e}")
+        entries = req.get("entries")
+        if not isinstance(entries, list) or not entries:
+            return self._bad("entries: at least one entry is required")
+        accepted = []
+        for i, e in enumerate(entries):
+            resource = e.get("resource", req.get("resource"))
+            if not resource or resource.get("type") != "gce_instance" or \
+                    set(resource.get("labels", {})) != {"project_id", "instance_id", "zone"}:
+                return self._bad(f"entries[{i}].resource: a gce_instance with project_id, instance_id and zone is required")
+            log_name = e.get("logName", req.get("logName", ""))
+            m = re.match(r"^projects/([^/]+)/logs/([^/]+)$", log_name)
+            if not m or m.group(1) != self.project or len(m.group(2)) >= 512:
+                return self._bad(f"entries[{i}].logName: \"{log_name}\" is not projects/{self.project}/logs/LOG_ID")
+            if urllib.parse.quote(urllib.parse.unquote(m.group(2)), safe="") != m.group(2):
+                return self._bad(f"entries[{i}].logName: LOG_ID must be URL-encoded")
+            if "severity" in e and e["severity"] not in SEVERITIES:
+                return self._bad(f"entries[{i}].severity: \"{e['severity']}\" is not a LogSeverity")
+            if "timestamp" in e and not _RFC3339.match(e["timestamp"]):
+                return self._bad(f"entries[{i}].timestamp: not RFC 3339")
+            if len(json.dumps(e)) > 256 * 1024:
+                return self._bad(f"entries[{i}]: entry too large (256 KB at most)")
+            accepted.append(dict(e, logName=log_name, resource=resource))
+        with self._lock:
+            self._entries += accepted
+            self._lock.notify_all()
+        return 200, {}
