@@ -384,6 +384,10 @@ int RunEngine(const EngineOptions& options) {
                 {{"bucket", so.sync->Describe()}});
   }
   if (metadata.available) {
+    so.guest_attributes = std::make_shared<GuestAttributesWriter>(NewMetadataClient(options.mode), [&logger](const Status& s) {
+      logger.Warn("guest_attributes.failed",
+                  "cannot write guest attributes (status stays in the logs and status.json): " + s.message());
+    });
     InstanceRef ref{metadata.project_id, metadata.zone, metadata.instance_name};
     auto endpoint = config.compute_endpoint;
     auto mode = options.mode;

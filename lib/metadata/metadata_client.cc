@@ -38,6 +38,23 @@ class MetadataClientImpl final : public MetadataClient {
     return out;
   }
 
+  Status PutGuestAttribute(const std::string& ns_key, const std::string& value) override {
+    HttpRequest req;
+    req.method = "PUT";
+    req.url = fmt::format("http://{}/computeMetadata/v1/instance/guest-attributes/{}", endpoint_.host, ns_key);
+    req.headers = {{"Metadata-Flavor", "Google"}};
+    req.body = value;
+    req.timeout = std::chrono::seconds(10);
+    req.connect_timeout = endpoint_.connect_timeout;
+    auto r = http_->Perform(req);
+    if (!r.ok()) return r.status();
+    if (r->status == 200) return OkStatus();
+    auto what = "guest attribute " + ns_key;
+    if (r->status == 403) return PermissionDeniedError(what + ": forbidden (HTTP 403); guest attributes may be disabled (enable-guest-attributes=TRUE)");
+    if (r->status == 404) return NotFoundError(what + ": not found (HTTP 404); guest attributes are disabled on this VM");
+    return UnavailableError(fmt::format("{}: HTTP {}", what, r->status));
+  }
+
   void Cancel() override { http_->Cancel(); }
 
  private:

@@ -29,6 +29,9 @@ class MetadataClient {
                                         std::chrono::seconds timeout) = 0;
   // Custom metadata of a directory such as "instance/attributes/".
   virtual StatusOr<std::map<std::string, std::string>> GetAttributes(const std::string& dir) = 0;
+  // PUT instance/guest-attributes/NAMESPACE/KEY: readable from outside the
+  // VM with `gcloud compute instances get-guest-attributes`.
+  virtual Status PutGuestAttribute(const std::string& ns_key, const std::string& value) = 0;
   // Thread-safe: aborts an outstanding request (used at shutdown).
   virtual void Cancel() = 0;
 };

@@ -559,6 +559,16 @@ void Supervisor::WriteStatus(const LogEvent& last) {
   if (auto d = machine_.deadline()) {
     j["deadline"] = FormatRfc3339(clock_.WallNow() + std::chrono::duration_cast<std::chrono::system_clock::duration>(*d - clock_.Now()));
   }
+  if (options_.guest_attributes) {
+    options_.guest_attributes->Set({
+        {"phase", PhaseName(machine_.phase())},
+        {"since", j["since"].get<std::string>()},
+        {"trainer_pid", j["trainer_pid"].is_null() ? "" : std::to_string(j["trainer_pid"].get<int>())},
+        {"last_event", j["last_event"].dump()},
+        {"last_sync", last_sync_.is_null() ? "" : last_sync_.dump()},
+        {"reason", j.value("reason", "")},
+    });
+  }
   auto s = WriteStatusFile(c.state_dir, j);
   if (!s.ok() && s.message() != status_error_) {
     status_error_ = s.message();

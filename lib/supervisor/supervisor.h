@@ -20,6 +20,7 @@
 #include "supervisor/state_machine.h"
 #include "activity/activity.h"
 #include "compute/compute_client.h"
+#include "metadata/guest_attributes.h"
 #include "sync/sync_engine.h"
 
 namespace spotvisor {
@@ -34,6 +35,8 @@ struct SupervisorOptions {
   std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
   // on-exit stop | delete; null without a metadata server (then: poweroff).
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
+  // The same state as status.json, as guest attributes; null without metadata.
+  std::shared_ptr<GuestAttributesWriter> guest_attributes;
 };
 
 class Supervisor {

@@ -106,5 +106,32 @@ class LadderTest(SpotvisorTestCase):
         self.assertEqual((final["phase"], final["reason"], final["running"]), ("done", "stopped", False))
 
 
+class GuestAttributesTest(SpotvisorTestCase):
+    def guest(self, key):
+        try:
+            return self.metadata.state(f"instance/guest-attributes/spotvisor/{key}")["value"]
+        except Exception:
+            return None
+
+    def test_the_state_is_visible_as_guest_attributes(self):
+        p = self.run_trainer([])
+        p.wait_trainer_ready()
+        wait_until(lambda: self.guest("phase") == "running", what="phase=running as a guest attribute")
+        pid = str(p.wait_event("trainer.start")["pid"])
+        wait_until(lambda: self.guest("trainer_pid") == pid, what="trainer_pid as a guest attribute")
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+        self.assertEqual(self.guest("phase"), "done", "the last state is sent before spotvisor exits")
+        self.assertEqual(self.guest("reason"), "stopped")
+        self.assertEqual(self.guest("trainer_pid"), "")
+        self.assertIn("supervisor.state", self.guest("last_event"))
+
+    def test_failures_to_write_them_are_logged_once_and_not_fatal(self):
+        self.metadata.fault("status", code=403, path_prefix="instance/guest-attributes")
+        p = self.run_trainer(["--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0)
+        self.assertEqual(len(p.find("guest_attributes.failed")), 1)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,59 @@
+#include "metadata/guest_attributes.h"
+
+namespace spotvisor {
+
+GuestAttributesWriter::GuestAttributesWriter(std::unique_ptr<MetadataClient> client,
+                                             std::function<void(const Status&)> on_error)
+    : client_(std::move(client)), on_error_(std::move(on_error)), thread_([this] { Run(); }) {}
+
+GuestAttributesWriter::~GuestAttributesWriter() {
+  {
+    std::unique_lock lk(mu_);
+    idle_.wait_for(lk, std::chrono::seconds(2), [this] { return pending_.empty() && !busy_; });
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  client_->Cancel();
+  thread_.join();
+}
+
+void GuestAttributesWriter::Set(const std::map<std::string, std::string>& values) {
+  {
+    std::lock_guard lk(mu_);
+    for (auto const& [k, v] : values) {
+      auto s = sent_.find(k);
+      if (s != sent_.end() && s->second == v) {
+        pending_.erase(k);
+        continue;
+      }
+      pending_[k] = v;
+    }
+  }
+  cv_.notify_one();
+}
+
+void GuestAttributesWriter::Run() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [this] { return stopping_ || !pending_.empty(); });
+    if (stopping_) return;
+    auto [key, value] = *pending_.begin();
+    pending_.erase(pending_.begin());
+    busy_ = true;
+    lk.unlock();
+    Status s = client_->PutGuestAttribute("spotvisor/" + key, value);
+    lk.lock();
+    busy_ = false;
+    if (s.ok()) {
+      sent_[key] = value;
+    } else if (!reported_ && s.code() != StatusCode::kCancelled) {
+      reported_ = true;
+      lk.unlock();
+      on_error_(s);
+      lk.lock();
+    }
+    if (pending_.empty()) idle_.notify_all();
+  }
+}
+
+}  // namespace spotvisor
