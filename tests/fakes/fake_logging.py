@@ -10,7 +10,9 @@ Checks (a violation answers 400 with the reason, as the API does):
     characters, for this project;
   - severity, if present, is one of Cloud Logging's names; timestamp is RFC 3339;
   - each entry is at most 256 KB.
-fault(code, count) answers `code` (e.g. 429, 503) to the next `count` requests.
+fault(code, count) answers `code` (e.g. 429, 503) to the next `count` requests;
+delay_ms = N makes every request take N ms longer (a slow API, to fill the
+client's queue).
 Not implemented: partialSuccess per-entry errors, entries.list/tail, log
 buckets, sinks, quotas.
 """
@@ -20,6 +22,7 @@ import re
 import socket
 import socketserver
 import threading
+import time
 import urllib.parse
 
 SEVERITIES = {"DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY"}
@@ -33,6 +36,7 @@ class FakeLoggingServer:
         self._entries = []
         self._requests = []
         self._faults = []
+        self.delay_ms = 0
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -47,6 +51,8 @@ class FakeLoggingServer:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if fake.delay_ms:
+                    time.sleep(fake.delay_ms / 1000)  # the fake's own slowness, by request
                 code, answer = fake._write(self.path, self.headers.get("Authorization", ""), body)
                 data = json.dumps(answer).encode()
                 self.send_response(code)

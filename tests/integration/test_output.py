@@ -152,6 +152,19 @@ class CloudLoggingTest(SpotvisorTestCase):
         # stdout keeps the JSON lines too, with the extra label.
         self.assertEqual(p.wait_event("run.end")["logging.googleapis.com/labels"]["experiment"], "lr-sweep")
 
+    def test_a_flood_is_dropped_and_counted_exactly_never_blocking(self):
+        self.logging.delay_ms = 200  # ~2,500 entries/s at most: the queue must overflow
+        lines = 100000
+        p, code = self.run_api(["--flood", str(lines), "--run-for", "10"])
+        self.assertEqual(code, 0)
+        received = len(self.logging.entries("spotvisor-trainer"))
+        drops = sum(e["jsonPayload"]["dropped"] for e in self.logging.entries("spotvisor")
+                    if e["jsonPayload"]["event"] == "log.dropped")
+        self.assertGreater(drops, 0, "the flood should have overflowed the queue")
+        printed = lines + 2  # the fake trainer's "started" and "exiting" lines
+        self.assertEqual(received + drops, printed, "every line is either delivered or counted as dropped")
+        self.assertTrue([e for e in self.logging.entries("spotvisor") if e["jsonPayload"]["event"] == "run.end"])
+
     def test_log_to_stdout_sends_nothing(self):
         _, code = self.run_api(["--run-for", "10"], **{"log-to": "stdout"})
         self.assertEqual(code, 0)
