@@ -169,6 +169,30 @@ std::unique_ptr<MetadataClient> NewMetadataClient(Mode mode) {
   return MakeMetadataClient(endpoint, MakeCurlHttpClient());
 }
 
+// log-to, read from the raw values so that it works even when some other
+// key is invalid (the error itself must reach Cloud Logging).
+Status AddCloudLogging(const ConfigResult& r, const MetadataSnapshot& metadata, Mode mode, const Clock& clock, Logger& logger) {
+  auto raw = [&](const char* key) { return std::string(Trim(r.values.at(key).value)); };
+  std::string log_to = raw("log-to");
+  if (!(log_to == "api" || (log_to == "auto" && metadata.default_address))) return OkStatus();
+  if (!metadata.available) {
+    return FailedPreconditionError(
+        "log-to: api needs the metadata server (project, zone, instance id and a token), which is not there");
+  }
+  CloudLoggingOptions lo;
+  lo.endpoint = r.config ? r.config->logging_endpoint : raw("logging-endpoint");
+  while (!lo.endpoint.empty() && lo.endpoint.back() == '/') lo.endpoint.pop_back();
+  lo.project_id = metadata.project_id;
+  lo.instance_id = metadata.instance_id;
+  lo.zone = metadata.zone;
+  if (r.config) lo.labels = r.config->log_labels;
+  logger.AddSink(std::make_unique<CloudLoggingSink>(lo, std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock),
+                                                    MakeCurlHttpClient()));
+  logger.Info("log.api", fmt::format("logging to Cloud Logging ({}) as projects/{}/logs/spotvisor and spotvisor-trainer",
+                                     lo.endpoint, metadata.project_id));
+  return OkStatus();
+}
+
 std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapshot& metadata, Mode mode,
                                            const Clock& clock) {
   auto loc = ParseStoreLocation(c.bucket);  // validated with the config
@@ -336,9 +360,16 @@ int RunEngine(const EngineOptions& options) {
   }
   auto result = LoadConfig(options, metadata);
   PrepareHost(result, options.mode);
+  if (!result.errors.empty()) result.config.reset();
   // Labels first, so every line about this run carries them.
   if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
   if (result.config) logger.SetLabel("run_id", result.config->run_id);
+  // Cloud Logging before the first warning or error: "why did my VM power
+  // off right away" is answered by a config.error entry there.
+  if (auto s = AddCloudLogging(result, metadata, options.mode, clock, logger); !s.ok()) {
+    result.errors.push_back(s.message());
+    result.config.reset();
+  }
   for (auto const& w : result.warnings) logger.Warn("config.warning", w);
   if (!result.config) return EndWithConfigError(result, options.mode, logger);
   Config config = *result.config;
@@ -350,23 +381,6 @@ int RunEngine(const EngineOptions& options) {
                 "trainer is stopped and its checkpoint synced before that");
   }
   if (config.log_format != options.log_format) SetUpLogging(logger, config.log_format);
-  if (config.log_to == LogTo::kApi || (config.log_to == LogTo::kAuto && metadata.default_address)) {
-    if (!metadata.available) {
-      ConfigResult r = result;
-      r.errors.push_back("log-to: api needs the metadata server (project, zone, instance id and a token), which is not there");
-      return EndWithConfigError(r, options.mode, logger);
-    }
-    CloudLoggingOptions lo;
-    lo.endpoint = config.logging_endpoint;
-    lo.project_id = metadata.project_id;
-    lo.instance_id = metadata.instance_id;
-    lo.zone = metadata.zone;
-    lo.labels = config.log_labels;
-    logger.AddSink(std::make_unique<CloudLoggingSink>(
-        lo, std::make_unique<MetadataTokenProvider>(NewMetadataClient(options.mode), clock), MakeCurlHttpClient()));
-    logger.Info("log.api", fmt::format("logging to Cloud Logging ({}) as projects/{}/logs/spotvisor and spotvisor-trainer",
-                                       config.logging_endpoint, metadata.project_id));
-  }
   for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
 
   SupervisorOptions so;

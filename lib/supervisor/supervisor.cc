@@ -336,7 +336,9 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done)
   auto engine = options_.sync;
   int exit_code = machine_.exit_code();
   workers_.emplace_back([this, engine, kind, final, write_done, exit_code] {
-    auto r = engine->Sync(final);
+    // Before a restart the trainer is dead: nothing is still being written,
+    // so sync-settle must not hold back its last checkpoint.
+    auto r = engine->Sync(final || kind == "restart");
     Status done;
     if (r.ok() && write_done) done = engine->WriteDone(exit_code);
     asio::post(io_, [this, kind, final, r = std::move(r), done] { OnSyncDone(kind, final, r, done); });

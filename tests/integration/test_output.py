@@ -165,6 +165,15 @@ class CloudLoggingTest(SpotvisorTestCase):
         self.assertEqual(received + drops, printed, "every line is either delivered or counted as dropped")
         self.assertTrue([e for e in self.logging.entries("spotvisor") if e["jsonPayload"]["event"] == "run.end"])
 
+    def test_a_configuration_error_reaches_cloud_logging(self):
+        self.metadata.set("instance/attributes/spotvisor-restart", "sometimes")
+        _, code = self.run_api(["--run-for", "10"])
+        self.assertEqual(code, 78)
+        events = {e["jsonPayload"]["event"]: e for e in self.logging.entries("spotvisor")}
+        self.assertIn("instance metadata spotvisor-restart", events["config.error"]["jsonPayload"]["message"])
+        self.assertEqual(events["config.error"]["severity"], "ERROR")
+        self.assertEqual(events["run.end"]["jsonPayload"]["reason"], "config-error")
+
     def test_log_to_stdout_sends_nothing(self):
         _, code = self.run_api(["--run-for", "10"], **{"log-to": "stdout"})
         self.assertEqual(code, 0)

@@ -28,11 +28,12 @@ class PolicyTest(SpotvisorTestCase):
                   'echo x > "$SPOTVISOR_CHECKPOINT_DIR/first"; exit 5')
         p = self.start(["run"] + self.base_sets(**{"restart": "on-failure", "restart-delay": "100ms",
                                                    "bucket": f"file://{self.path('bucket')}", "run-id": "r",
-                                                   "sync-settle": "0s", "sync-interval": "0"})
+                                                   "sync-settle": "1h", "sync-interval": "0"})
                        + ["--", "/bin/sh", "-c", script])
         self.assertEqual(p.wait_exit(), 0)
         sync = p.wait_event("sync.complete", kind="restart")
         self.assertEqual(sync["files_uploaded"], 1, "the crashed trainer's checkpoint is synced before the restart")
+        self.assertEqual(sync["files_deferred"], 0, "sync-settle does not hold back a dead trainer's checkpoint")
         names = [e["event"] for e in p.events]
         self.assertLess(names.index("sync.complete"), [i for i, n in enumerate(names) if n == "trainer.start"][1])
         self.assertEqual(p.wait_event("run.end")["reason"], "completed")
