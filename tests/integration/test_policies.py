@@ -40,8 +40,12 @@ class PolicyTest(SpotvisorTestCase):
         self.assertTrue(os.path.exists(self.path("bucket/r/DONE")))
 
     def test_max_runtime_stops_the_trainer_gracefully(self):
-        p = self.run_trainer(["--marker-file", self.path("marker")], sets={"max-runtime": "1s"})
+        p = self.run_trainer(["--marker-file", self.path("marker"), "--checkpoint-every", "100"], sets={
+            "max-runtime": "1s", "bucket": f"file://{self.path('bucket')}", "run-id": "r", "sync-interval": "0"})
         self.assertEqual(p.wait_exit(), 130)
+        final = p.wait_event("sync.complete", kind="final")
+        self.assertGreaterEqual(final["files"], 1, "the final sync ran after the max-runtime stop")
+        self.assertFalse(os.path.exists(self.path("bucket/r/DONE")), "stopped by max-runtime: not done")
         p.wait_event("run.max_runtime")
         self.assertTrue(any(l.startswith("sigint ") for l in self.marker_lines()))
         self.assertEqual(p.wait_event("run.end")["reason"], "max-runtime")
