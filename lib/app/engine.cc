@@ -21,6 +21,7 @@
 #include "storage/gcs_object_store.h"
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
+#include "log/journald_sink.h"
 #include "metadata/watcher.h"
 #include "process/spawn.h"
 #include "process/user.h"
@@ -361,6 +362,14 @@ int RunEngine(const EngineOptions& options) {
   auto result = LoadConfig(options, metadata);
   PrepareHost(result, options.mode);
   if (!result.errors.empty()) result.config.reset();
+  // The local sink first (it replaces what is there), the API sink after.
+  if (result.config && result.config->log_to == LogTo::kJournald) {
+    // Instead of stdout: the journal gets native fields, not JSON to parse.
+    logger.ClearSinks();
+    logger.AddSink(std::make_unique<AsyncSink>(MakeJournaldSink()));
+  } else if (result.config && result.config->log_format != options.log_format) {
+    SetUpLogging(logger, result.config->log_format);
+  }
   // Labels first, so every line about this run carries them.
   if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
   if (result.config) logger.SetLabel("run_id", result.config->run_id);
@@ -380,7 +389,6 @@ int RunEngine(const EngineOptions& options) {
                 "this is a legacy preemptible VM, which GCE stops after 24h: set spotvisor-max-runtime (e.g. 23h30m) so the "
                 "trainer is stopped and its checkpoint synced before that");
   }
-  if (config.log_format != options.log_format) SetUpLogging(logger, config.log_format);
   for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
 
   SupervisorOptions so;

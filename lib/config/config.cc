@@ -275,7 +275,9 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     // stop and delete fall back to it when the Compute API call fails.
     res.Error("shutdown-command", "is empty; on-exit needs it to power off");
   }
-  res.OneOf<LogTo>("log-to", {{"auto", LogTo::kAuto}, {"stdout", LogTo::kStdout}, {"api", LogTo::kApi}}, c.log_to);
+  res.OneOf<LogTo>("log-to",
+                   {{"auto", LogTo::kAuto}, {"stdout", LogTo::kStdout}, {"api", LogTo::kApi}, {"journald", LogTo::kJournald}},
+                   c.log_to);
   c.logging_endpoint = std::string(Trim(res.Get("logging-endpoint").value));
   while (!c.logging_endpoint.empty() && c.logging_endpoint.back() == '/') c.logging_endpoint.pop_back();
   for (auto const& raw : SplitLines(res.Get("log-labels").value)) {

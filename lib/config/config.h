@@ -21,7 +21,7 @@ const char* ConfigSourceName(ConfigSource s);
 enum class OnExit { kPoweroff, kNone, kStop, kDelete };
 const char* OnExitName(OnExit o);
 enum class LogFormat { kAuto, kJson, kText };
-enum class LogTo { kAuto, kStdout, kApi };
+enum class LogTo { kAuto, kStdout, kApi, kJournald };
 
 struct ConfigValue {
   std::string value;

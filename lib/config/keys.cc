@@ -50,7 +50,8 @@ const std::vector<KeySpec>& AllKeys() {
       {"storage-endpoint", KeyType::kString, "https://storage.googleapis.com",
        "Cloud Storage JSON API endpoint; STORAGE_EMULATOR_HOST overrides it and turns authentication off"},
       {"log-to", KeyType::kString, "auto",
-       "auto (on GCE: the Cloud Logging API and stdout; elsewhere stdout) | stdout | api (and stdout)"},
+       "auto (on GCE: the Cloud Logging API and stdout; elsewhere stdout) | stdout | api (and stdout) | journald "
+       "(native journal fields instead of stdout)"},
       {"logging-endpoint", KeyType::kString, "https://logging.googleapis.com",
        "Cloud Logging API endpoint; /v2/entries:write is appended"},
       {"log-labels", KeyType::kEnvList, "", "Extra labels on every log entry, one NAME=value per line (e.g. experiment=lr-sweep)"},

@@ -180,5 +180,41 @@ class CloudLoggingTest(SpotvisorTestCase):
         self.assertEqual(self.logging.requests(), [])
 
 
+class JournaldTest(SpotvisorTestCase):
+    def test_log_to_journald_writes_native_fields(self):
+        import shutil
+        import subprocess
+        from harness import ROOT, SPOTVISOR, FAKE_TRAINER
+        if shutil.which("unshare") is None or os.geteuid() != 0:
+            self.skipTest("needs root and unshare for a private /run")
+        out = self.path("journal.json")
+        fake = os.path.join(ROOT, "tests", "fakes", "fake_journal.py")
+        # A private mount namespace with a tmpfs on /run: the fake journal
+        # socket there is the only one spotvisor can see.
+        script = ('mount -t tmpfs tmpfs /run && exec "$@"')
+        cmd = (["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", "/usr/bin/python3", fake,
+                "/run/systemd/journal/socket", out, "--", SPOTVISOR, "run"]
+               + self.base_sets(**{"log-to": "journald", "run-id": "jr", "log-labels": "experiment=j"})
+               + ["--", FAKE_TRAINER, "--print", "hello journal", "--run-for", "10", "--exit-code", "2"])
+        env = dict(os.environ, **self.env())
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        with open(out) as f:
+            entries = json.load(f)
+        by_event = {}
+        for e in entries:
+            by_event.setdefault(e.get("SPOTVISOR_EVENT"), []).append(e)
+        end = by_event["run.end"][0]
+        self.assertEqual(end["SYSLOG_IDENTIFIER"], "spotvisor")
+        self.assertEqual(end["PRIORITY"], "3")  # a failed run is an error
+        self.assertEqual(end["SPOTVISOR_REASON"], "failed")
+        self.assertEqual(end["SPOTVISOR_LABEL_RUN_ID"], "jr")
+        self.assertEqual(end["SPOTVISOR_LABEL_EXPERIMENT"], "j")
+        hello = [e for e in by_event["trainer.output"] if e["MESSAGE"] == "hello journal"]
+        self.assertEqual(hello[0]["SYSLOG_IDENTIFIER"], "spotvisor-trainer")
+        self.assertEqual(hello[0]["SPOTVISOR_STREAM"], "stdout")
+        self.assertNotIn('"event":"run.end"', r.stdout, "journald replaces stdout")
+
+
 if __name__ == "__main__":
     unittest.main()
