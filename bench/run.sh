@@ -40,3 +40,4 @@ echo
 echo "== idle cost (bench/idle.py)"
 python3 bench/idle.py
 echo; echo "== checkpoint sync vs rclone (bench/sync_vs_rclone.py)"; /usr/bin/python3 bench/sync_vs_rclone.py
+echo; echo "== trainer output forwarding (bench/log_forwarding.py)"; /usr/bin/python3 bench/log_forwarding.py --spotvisor build-release/daemon/spotvisor --fake-trainer build-release/tests/fake_trainer

@@ -69,19 +69,22 @@ std::uint64_t AsyncSink::dropped() const {
   return dropped_total_;
 }
 
+// Takes everything queued at once and writes it with one flush at the end.
 void AsyncSink::Run() {
   std::unique_lock lk(mu_);
+  std::deque<Item> batch;
   for (;;) {
     cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) {
       if (stopping_) return;
       continue;
     }
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
+    batch.swap(queue_);
     writing_ = true;
     lk.unlock();
-    inner_->Write(item.event, item.time, item.labels);
+    for (auto const& item : batch) inner_->Write(item.event, item.time, item.labels);
+    inner_->Flush(std::chrono::milliseconds(0));
+    batch.clear();
     lk.lock();
     writing_ = false;
     if (queue_.empty()) drained_.notify_all();

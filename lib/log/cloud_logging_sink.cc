@@ -49,7 +49,10 @@ Json CloudLoggingSink::MakeEntry(const LogEvent& e, WallTime time, const std::ma
                 {"jsonPayload", payload}};
   // Entries above the API's limit (~256 KB) are rejected whole: cut the
   // message instead (trainer lines are already capped at 16 KiB).
-  auto size = Dump(entry).size();
+  // Cheap estimate first: only an entry that might be too big is serialised here.
+  std::size_t estimate = e.message.size() + 1024;
+  for (auto const& [k, v] : e.fields.items()) estimate += k.size() + (v.is_string() ? v.get_ref<const std::string&>().size() : Dump(v).size());
+  auto size = estimate > o_.max_entry_bytes / 2 ? Dump(entry).size() : 0;
   if (size > o_.max_entry_bytes) {
     auto msg = e.message;
     std::size_t keep = msg.size() > size - o_.max_entry_bytes + 64 ? msg.size() - (size - o_.max_entry_bytes) - 64 : 0;
@@ -59,8 +62,6 @@ Json CloudLoggingSink::MakeEntry(const LogEvent& e, WallTime time, const std::ma
 }
 
 void CloudLoggingSink::Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) {
-  auto entry = MakeEntry(e, time, labels);
-  auto bytes = Dump(entry).size();
   {
     std::lock_guard lk(mu_);
     bool droppable = e.event == "trainer.output" || e.event == "shutdown.output";
@@ -70,15 +71,16 @@ void CloudLoggingSink::Write(const LogEvent& e, WallTime time, const std::map<st
       return;
     }
     if (unreported_drops_ > 0) {
-      LogEvent note{Severity::kWarning, "log.dropped",
-                    fmt::format("{} trainer output line(s) not sent to Cloud Logging: they came faster than they could be sent",
-                                unreported_drops_),
-                    {{"dropped", unreported_drops_}}};
-      queue_.push_back(MakeEntry(note, time, labels));
+      // The notice goes where the gap is.
+      queue_.push_back(Queued{LogEvent{Severity::kWarning, "log.dropped",
+                                       fmt::format("{} trainer output line(s) not sent to Cloud Logging: they came faster "
+                                                   "than they could be sent",
+                                                   unreported_drops_),
+                                       {{"dropped", unreported_drops_}}},
+                              time, labels});
       unreported_drops_ = 0;
     }
-    queue_.push_back(std::move(entry));
-    queued_bytes_ += bytes;
+    queue_.push_back(Queued{e, time, labels});
   }
   cv_.notify_one();
 }
@@ -98,44 +100,49 @@ CloudLoggingSink::Counters CloudLoggingSink::counters() const {
 
 void CloudLoggingSink::Run() {
   std::unique_lock lk(mu_);
+  std::vector<std::string> batch;
+  std::size_t bytes = 0;
   for (;;) {
     // A batch goes when it is full, when asked to flush, or batch_delay
     // after its first entry arrived.
     cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
     if (stopping_ && queue_.empty()) return;
     cv_.wait_for(lk, o_.batch_delay, [this] {
-      return stopping_ || flush_requested_ || queue_.size() >= o_.batch_entries || queued_bytes_ >= o_.batch_bytes;
+      return stopping_ || flush_requested_ || queue_.size() >= o_.batch_entries;
     });
-    std::vector<Json> batch;
-    std::size_t bytes = 0;
-    while (!queue_.empty() && batch.size() < o_.batch_entries) {
-      auto size = Dump(queue_.front()).size();
-      if (!batch.empty() && bytes + size > o_.batch_bytes) break;
-      bytes += size;
-      batch.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-    }
-    queued_bytes_ -= std::min(queued_bytes_, bytes);
     sending_ = true;
+    while (!queue_.empty() && batch.size() < o_.batch_entries && bytes < o_.batch_bytes) {
+      Queued q = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      batch.push_back(Dump(MakeEntry(q.event, q.time, q.labels)));
+      bytes += batch.back().size();
+      lk.lock();
+    }
     lk.unlock();
-    bool ok = SendBatch(std::move(batch));
+    bool ok = SendBatch(batch);
     lk.lock();
+    batch.clear();
+    bytes = 0;
     sending_ = false;
     if (!ok) ++counters_.failed_batches;
     if (queue_.empty()) idle_.notify_all();
   }
 }
 
-bool CloudLoggingSink::SendBatch(std::vector<Json> batch) {
-  std::size_t n = batch.size();
-  Json body = {{"resource", {{"type", "gce_instance"},
-                             {"labels", {{"project_id", o_.project_id}, {"instance_id", o_.instance_id}, {"zone", o_.zone}}}}},
-               {"entries", std::move(batch)},
-               {"partialSuccess", true}};
+bool CloudLoggingSink::SendBatch(const std::vector<std::string>& entries) {
+  std::size_t n = entries.size();
+  Json resource = {{"type", "gce_instance"},
+                   {"labels", {{"project_id", o_.project_id}, {"instance_id", o_.instance_id}, {"zone", o_.zone}}}};
   HttpRequest req;
   req.method = "POST";
   req.url = o_.endpoint + "/v2/entries:write";
-  req.body = Dump(body);
+  req.body = "{\"resource\":" + Dump(resource) + ",\"partialSuccess\":true,\"entries\":[";
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i) req.body += ',';
+    req.body += entries[i];
+  }
+  req.body += "]}";
   req.timeout = std::chrono::seconds(30);
   ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(8), 2.0);
   auto give_up = std::chrono::steady_clock::now() + o_.retry_budget;

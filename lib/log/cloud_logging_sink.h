@@ -59,8 +59,15 @@ class CloudLoggingSink final : public LogSink {
   nlohmann::json MakeEntry(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) const;
 
  private:
+  struct Queued {
+    LogEvent event;
+    WallTime time;
+    std::map<std::string, std::string> labels;
+  };
   void Run();
-  bool SendBatch(std::vector<nlohmann::json> batch);
+  // `entries`: serialised entries, each exactly once (serialising was most
+  // of the cost per line).
+  bool SendBatch(const std::vector<std::string>& entries);
 
   CloudLoggingOptions o_;
   std::unique_ptr<TokenProvider> tokens_;
@@ -68,8 +75,7 @@ class CloudLoggingSink final : public LogSink {
   CancellableSleeper sleeper_;
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_;
-  std::deque<nlohmann::json> queue_;
-  std::size_t queued_bytes_ = 0;
+  std::deque<Queued> queue_;  // raw: entries are built on the writer thread, not the caller's
   std::uint64_t unreported_drops_ = 0;
   bool sending_ = false;
   bool flush_requested_ = false;

@@ -29,8 +29,10 @@ class JsonSink final : public LogSink {
     auto line = Dump(j);
     line += '\n';
     std::fwrite(line.data(), 1, line.size(), out_);
-    std::fflush(out_);
   }
+  // One flush per batch of lines (AsyncSink calls it), not one per line: a
+  // write(2) per line made a flooding trainer lose most of its output.
+  void Flush(std::chrono::milliseconds) override { std::fflush(out_); }
 
  private:
   std::FILE* out_;
@@ -58,8 +60,8 @@ class TextSink final : public LogSink {
     }
     line += '\n';
     std::fwrite(line.data(), 1, line.size(), out_);
-    std::fflush(out_);
   }
+  void Flush(std::chrono::milliseconds) override { std::fflush(out_); }
 
  private:
   std::FILE* out_;
