@@ -35,7 +35,8 @@ CloudLoggingSink::~CloudLoggingSink() {
   thread_.join();
 }
 
-Json CloudLoggingSink::MakeEntry(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) const {
+std::vector<Json> CloudLoggingSink::MakeEntries(const LogEvent& e, WallTime time,
+                                                const std::map<std::string, std::string>& labels) const {
   bool trainer = e.event == "trainer.output";
   Json payload = {{"message", e.message}, {"event", e.event}};
   for (auto const& [k, v] : e.fields.items()) payload[k] = v;
@@ -47,18 +48,34 @@ Json CloudLoggingSink::MakeEntry(const LogEvent& e, WallTime time, const std::ma
                 {"severity", SeverityName(e.severity)},
                 {"labels", l},
                 {"jsonPayload", payload}};
-  // Entries above the API's limit (~256 KB) are rejected whole: cut the
-  // message instead (trainer lines are already capped at 16 KiB).
   // Cheap estimate first: only an entry that might be too big is serialised here.
   std::size_t estimate = e.message.size() + 1024;
   for (auto const& [k, v] : e.fields.items()) estimate += k.size() + (v.is_string() ? v.get_ref<const std::string&>().size() : Dump(v).size());
-  auto size = estimate > o_.max_entry_bytes / 2 ? Dump(entry).size() : 0;
-  if (size > o_.max_entry_bytes) {
-    auto msg = e.message;
-    std::size_t keep = msg.size() > size - o_.max_entry_bytes + 64 ? msg.size() - (size - o_.max_entry_bytes) - 64 : 0;
-    entry["jsonPayload"] = {{"message", msg.substr(0, keep)}, {"event", e.event}, {"truncated_bytes", msg.size() - keep}};
+  if (estimate <= o_.max_entry_bytes / 2) return {std::move(entry)};
+  auto size = Dump(entry).size();
+  if (size <= o_.max_entry_bytes) return {std::move(entry)};
+  // The API rejects entries above ~256 KB whole: split the message instead.
+  std::size_t overhead = size - Dump(Json(e.message)).size() + 64;
+  std::size_t room = o_.max_entry_bytes > overhead + 1024 ? o_.max_entry_bytes - overhead : 1024;
+  room = room * 3 / 4;  // escaping can grow the text (\uXXXX for control characters)
+  std::vector<std::string> parts;
+  for (std::size_t at = 0; at < e.message.size();) {
+    std::size_t n = std::min(room, e.message.size() - at);
+    // Never cut inside a UTF-8 sequence.
+    while (n > 0 && at + n < e.message.size() && (static_cast<unsigned char>(e.message[at + n]) & 0xC0) == 0x80) --n;
+    if (n == 0) n = std::min(room, e.message.size() - at);
+    parts.push_back(e.message.substr(at, n));
+    at += n;
   }
-  return entry;
+  std::vector<Json> out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    Json part = entry;
+    part["jsonPayload"]["message"] = parts[i];
+    part["jsonPayload"]["part"] = i + 1;
+    part["jsonPayload"]["parts"] = parts.size();
+    out.push_back(std::move(part));
+  }
+  return out;
 }
 
 void CloudLoggingSink::Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) {
@@ -115,8 +132,10 @@ void CloudLoggingSink::Run() {
       Queued q = std::move(queue_.front());
       queue_.pop_front();
       lk.unlock();
-      batch.push_back(Dump(MakeEntry(q.event, q.time, q.labels)));
-      bytes += batch.back().size();
+      for (auto const& entry : MakeEntries(q.event, q.time, q.labels)) {
+        batch.push_back(Dump(entry));
+        bytes += batch.back().size();
+      }
       lk.lock();
     }
     lk.unlock();

@@ -54,9 +54,13 @@ class CloudLoggingSink final : public LogSink {
   };
   Counters counters() const;
 
-  // The entry for one event (exposed for tests): logName spotvisor-trainer
-  // for trainer output, spotvisor for everything else.
-  nlohmann::json MakeEntry(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) const;
+  // The entries for one event (exposed for tests): logName
+  // spotvisor-trainer for trainer output, spotvisor for everything else.
+  // Usually one; an event above the API's entry size limit is split into
+  // several, its message cut into parts (jsonPayload.part / parts) on UTF-8
+  // boundaries, each carrying the event's other fields.
+  std::vector<nlohmann::json> MakeEntries(const LogEvent& e, WallTime time,
+                                          const std::map<std::string, std::string>& labels) const;
 
  private:
   struct Queued {

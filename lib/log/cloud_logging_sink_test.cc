@@ -21,23 +21,35 @@ TEST_CASE("log names are URL-encoded as the API requires") {
 
 TEST_CASE("entries: trainer output and events go to their own logs, with severity and merged labels") {
   auto sink = Sink();
-  auto out = sink.MakeEntry({Severity::kInfo, "trainer.output", "hi", {{"stream", "stderr"}}}, {}, {{"run_id", "r"}});
+  auto outs = sink.MakeEntries({Severity::kInfo, "trainer.output", "hi", {{"stream", "stderr"}}}, {}, {{"run_id", "r"}});
+  REQUIRE(outs.size() == 1);
+  auto out = outs[0];
   CHECK(out["logName"] == "projects/p/logs/spotvisor-trainer");
   CHECK(out["jsonPayload"]["stream"] == "stderr");
   CHECK(out["labels"]["experiment"] == "x");
   CHECK(out["labels"]["run_id"] == "r");
-  auto ev = sink.MakeEntry({Severity::kError, "run.end", "bye", {{"reason", "failed"}}}, {}, {});
+  auto ev = sink.MakeEntries({Severity::kError, "run.end", "bye", {{"reason", "failed"}}}, {}, {})[0];
   CHECK(ev["logName"] == "projects/p/logs/spotvisor");
   CHECK(ev["severity"] == "ERROR");
   CHECK(ev["jsonPayload"]["reason"] == "failed");
 }
 
-TEST_CASE("an entry above the size limit is cut, not rejected whole") {
+TEST_CASE("an entry above the size limit is split into parts that fit, losing nothing") {
   auto sink = Sink(10'000);
-  auto e = sink.MakeEntry({Severity::kInfo, "config.error", std::string(50'000, 'x'), {}}, {}, {});
-  CHECK(e.dump().size() <= 10'000);
-  CHECK(e["jsonPayload"]["truncated_bytes"].get<std::size_t>() > 40'000);
-  CHECK(e["jsonPayload"]["event"] == "config.error");
+  std::string message;
+  for (int i = 0; message.size() < 50'000; ++i) message += "日本語 line " + std::to_string(i) + " ";
+  auto parts = sink.MakeEntries({Severity::kError, "config.error", message, {{"key", "v"}}}, {}, {});
+  REQUIRE(parts.size() > 5);
+  std::string joined;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    CHECK(parts[i].dump().size() <= 10'000);
+    CHECK(parts[i]["jsonPayload"]["part"] == i + 1);
+    CHECK(parts[i]["jsonPayload"]["parts"] == parts.size());
+    CHECK(parts[i]["jsonPayload"]["key"] == "v");
+    CHECK(parts[i]["severity"] == "ERROR");
+    joined += parts[i]["jsonPayload"]["message"].get<std::string>();  // valid UTF-8 or dump() would throw
+  }
+  CHECK(joined == message);
 }
 
 }  // namespace

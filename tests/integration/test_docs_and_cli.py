@@ -31,9 +31,9 @@ class DocsTest(unittest.TestCase):
                     src = open(os.path.join(dirpath, f)).read()
                     names |= set(re.findall(r'(?:Log|Info|Warn|Error)\(\s*(?:LogEvent\{\s*Severity::k\w+,\s*|Severity::k\w+,\s*)?"([a-z_]+\.[a-z_]+)"', src))
         self.assertGreater(len(names), 15, names)
-        doc = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+        doc = open(os.path.join(ROOT, "docs", "events.md")).read()
         missing = sorted(n for n in names if f"`{n}`" not in doc)
-        self.assertEqual(missing, [], "events missing from docs/architecture.md")
+        self.assertEqual(missing, [], "events missing from docs/events.md")
 
 
 class CliTest(unittest.TestCase):

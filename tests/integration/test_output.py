@@ -149,6 +149,8 @@ class CloudLoggingTest(SpotvisorTestCase):
         self.assertGreaterEqual(len(self.logging.requests()), 3)
         self.assertLess(len(self.logging.requests()), 10, "batched, not one request per line")
         self.assertEqual(self.read("off"), "off\n")
+        self.assertNotIn("fake-token", "".join(p.raw) + p.stderr, "the token is never logged")
+        self.assertNotIn("fake-token", json.dumps(self.logging.entries()))
         # stdout keeps the JSON lines too, with the extra label.
         self.assertEqual(p.wait_event("run.end")["logging.googleapis.com/labels"]["experiment"], "lr-sweep")
 
