@@ -12,13 +12,11 @@ message shape. Everything else is 404. Not implemented: operations polling
 (the operation is returned RUNNING and never advances), start, other
 resources, request bodies, quotas.
 """
-import http.server
-import json
 import re
-import socket
-import socketserver
 import threading
 import time
+
+from loopback_json import JsonServer
 
 _PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)(/stop)?$")
 
@@ -31,47 +29,16 @@ class FakeComputeServer:
         self._denied = set()
         self._log = []
         self._lock = threading.Lock()
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def setup(self):
-                super().setup()
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-            def log_message(self, *args):
-                pass
-
-            def _handle(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                code, body = fake._route(self.command, self.path, self.headers.get("Authorization", ""))
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_DELETE = do_PUT = _handle
-
-        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server((host, port), Handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._http = JsonServer(lambda method, path, headers, body: self._route(method, path, headers.get("Authorization", "")),
+                                host, port)
+        self.port = self._http.port
 
     def start(self):
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self):
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
 
     @property
     def endpoint(self):

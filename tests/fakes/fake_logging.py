@@ -16,14 +16,13 @@ client's queue).
 Not implemented: partialSuccess per-entry errors, entries.list/tail, log
 buckets, sinks, quotas.
 """
-import http.server
 import json
 import re
-import socket
-import socketserver
 import threading
 import time
 import urllib.parse
+
+from loopback_json import JsonServer
 
 SEVERITIES = {"DEFAULT", "DEBUG", "INFO", "NOTICE", "WARNING", "ERROR", "CRITICAL", "ALERT", "EMERGENCY"}
 _RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
@@ -37,45 +36,22 @@ class FakeLoggingServer:
         self._requests = []
         self._faults = []
         self.delay_ms = 0
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def setup(self):
-                super().setup()
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if fake.delay_ms:
-                    time.sleep(fake.delay_ms / 1000)  # the fake's own slowness, by request
-                code, answer = fake._write(self.path, self.headers.get("Authorization", ""), body)
-                data = json.dumps(answer).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server((host, port), Handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._http = JsonServer(self._handle, host, port)
+        self.port = self._http.port
 
     def start(self):
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self):
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
+
+    def _handle(self, method, path, headers, body):
+        if method != "POST":
+            return 404, {"error": {"code": 404, "message": f"no such method {method} {path}"}}
+        if self.delay_ms:
+            time.sleep(self.delay_ms / 1000)  # the fake's own slowness, by request
+        return self._write(path, headers.get("Authorization", ""), body)
 
     @property
     def endpoint(self):
