@@ -423,6 +423,13 @@ bool StateMachine::MaybeRestart(SteadyTime now, std::vector<Action>& out) {
   }
   bool quick = now - trainer_started_ < options_.quick_crash;
   quick_streak_ = quick ? quick_streak_ + 1 : 0;
+  if (quick_streak_ >= options_.max_quick_crashes) {
+    Log(Severity::kError, "restart.exhausted",
+        fmt::format("trainer crashed within {} of starting {} times in a row: a crash loop, not restarting it again",
+                    FormatDuration(options_.quick_crash), quick_streak_),
+        {{"restarts", restarts_}, {"exit_code", exit_code_}, {"quick_crashes", quick_streak_}});
+    return false;
+  }
   auto delay = options_.restart_delay;
   for (int i = 1; i < quick_streak_ && delay < options_.restart_delay_max; ++i) delay *= 2;
   delay = std::min(delay, options_.restart_delay_max);

@@ -100,6 +100,7 @@ struct StateMachineOptions {
   std::chrono::milliseconds restart_delay{10'000};
   std::chrono::milliseconds restart_delay_max{5 * 60'000};
   std::chrono::milliseconds quick_crash{60'000};  // a crash sooner than this after start doubles the delay
+  int max_quick_crashes = 5;                       // that many in a row: a crash loop, no more restarts
   std::chrono::milliseconds max_runtime{0};       // from spotvisor's start; 0: none
   std::chrono::milliseconds maintenance_stop_lead{0};
   // A VM created with --preemption-notice-duration sees preempted=TRUE that

@@ -396,6 +396,22 @@ TEST_CASE("restart=on-failure: a crashed trainer is started again, counted, with
   CHECK(h.machine.restarts() == 3);
 }
 
+TEST_CASE("a crash loop stops being restarted even when max-restarts allows more") {
+  auto o = RestartOptions();
+  o.max_restarts = 100;
+  o.max_quick_crashes = 3;
+  Harness h(o);
+  h.On(StartEvent{});
+  Crash(h, 100, 1s);
+  h.Advance(10s);
+  Crash(h, 101, 1s);
+  h.Advance(20s);
+  Only<RunOnExit>(Crash(h, 102, 1s));  // third quick crash in a row
+  CHECK(h.machine.restarts() == 2);
+  CHECK(h.Last("restart.exhausted").message.find("crash loop") != std::string::npos);
+  CHECK(h.Last("run.end").fields["reason"] == "failed");
+}
+
 TEST_CASE("a crash after a long run is not a quick crash: the delay goes back to restart-delay") {
   Harness h(RestartOptions());
   h.On(StartEvent{});
