@@ -450,6 +450,9 @@ int RunEngine(const EngineOptions& options) {
   for (auto& w : watchers) w->Start();
   io.run();
   for (auto& w : watchers) w->Stop();
+  // Whatever the on-exit action, the run's last lines are delivered before
+  // spotvisor exits (within a deadline).
+  logger.Flush(std::chrono::seconds(10));
   return supervisor.exit_code();
 }
 

@@ -28,6 +28,10 @@ CloudLoggingSink::~CloudLoggingSink() {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
+    if (!queue_.empty()) {
+      // Said where it can still be seen: these entries are lost.
+      std::fprintf(stderr, "spotvisor: %zu log entries not delivered to Cloud Logging before exit\n", queue_.size());
+    }
   }
   cv_.notify_all();
   sleeper_.Cancel();

@@ -155,7 +155,7 @@ class CloudLoggingTest(SpotvisorTestCase):
         self.assertEqual(p.wait_event("run.end")["logging.googleapis.com/labels"]["experiment"], "lr-sweep")
 
     def test_a_flood_is_dropped_and_counted_exactly_never_blocking(self):
-        self.logging.delay_ms = 200  # ~2,500 entries/s at most: the queue must overflow
+        self.logging.delay_ms = 50  # ~10,000 entries/s at most: a 100,000-line burst must overflow the queue
         lines = 100000
         p, code = self.run_api(["--flood", str(lines), "--run-for", "10"])
         self.assertEqual(code, 0)
