@@ -13,7 +13,7 @@ bash scripts/install-deps.sh
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 say "building spotvisor (build/)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF -DSPOTVISOR_WERROR=OFF >/dev/null
 cmake --build build --target spotvisor >/dev/null
 sv=$root/build/daemon/spotvisor
 
