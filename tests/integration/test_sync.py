@@ -240,6 +240,15 @@ class GcsSyncTest(FileSyncTest):
         self.assertTrue(self.gcs.wait_for_inflight(1, 20), "the upload never started")
         p.proc.kill()  # SIGKILL: no final sync, no cleanup
         p.wait_exit()
+        # Nobody is left to stop the trainer (that is the point of kill -9):
+        # the test does, so nothing outlives it.
+        start = [l for l in self.marker_lines() if l.startswith("start pid=")]
+        if start:
+            trainer = int(start[0].split("pid=")[1].split()[0])
+            try:
+                os.killpg(trainer, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.gcs.fault("none")
         p2 = self.vm(["--run-for", "10"], ckpt="ckpt2")
         self.assertEqual(p2.wait_exit(), 0)
