@@ -7,11 +7,8 @@
 
 namespace spotvisor {
 
-enum class KeyType { kString, kCommand, kDuration, kEnvList, kOnExit, kUser, kPath };
-
 struct KeySpec {
   std::string name;
-  KeyType type;
   // Default as text. Keys whose default depends on the machine or the mode
   // (user, run-id, on-exit) are filled in by LoadConfig and say so here.
   std::string default_value;

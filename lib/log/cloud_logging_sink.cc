@@ -1,5 +1,7 @@
 #include "log/cloud_logging_sink.h"
 
+#include "log/async_sink.h"
+
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -85,8 +87,7 @@ std::vector<Json> CloudLoggingSink::MakeEntries(const LogEvent& e, WallTime time
 void CloudLoggingSink::Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) {
   {
     std::lock_guard lk(mu_);
-    bool droppable = e.event == "trainer.output" || e.event == "shutdown.output";
-    if (droppable && queue_.size() >= o_.max_queued) {
+    if (IsDroppable(e) && queue_.size() >= o_.max_queued) {
       ++counters_.dropped;
       ++unreported_drops_;
       return;

@@ -373,13 +373,14 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
     logger_.Info("done.written", options_.sync->Describe() + "/DONE written: a VM booting with this run-id will not train again");
   }
   if (final) {
-    Dispatch(SyncDone{r.ok() && done.ok(), true});
-  } else if (kind == "restart") {
-    WriteStatus(LogEvent{Severity::kInfo, r.ok() ? "sync.complete" : "sync.failed", last_sync_.dump(), {}});
-    Dispatch(SyncDone{r.ok(), false});
-  } else if (auto e = machine_.phase(); e != Phase::kDone) {
+    Dispatch(SyncDone{r.ok() && done.ok(), true});  // the machine's transition writes status.json
+    return;
+  }
+  // `spotvisor sync` waits for last_sync to change in status.json.
+  if (machine_.phase() != Phase::kDone) {
     WriteStatus(LogEvent{Severity::kInfo, r.ok() ? "sync.complete" : "sync.failed", last_sync_.dump(), {}});
   }
+  if (kind == "restart") Dispatch(SyncDone{r.ok(), false});
 }
 
 void Supervisor::OnSignal(int signo) {
