@@ -29,6 +29,8 @@ const char* const kUsage =
     "                                        run a job in the foreground\n"
     "  spotvisor config [--config FILE] [--set KEY=VALUE]... [--json]\n"
     "                                        show the resolved configuration\n"
+    "  spotvisor config --template [--set KEY=VALUE]...\n"
+    "                                        print a config file with every key\n"
     "  spotvisor status [--state-dir DIR] [--config FILE] [--json]\n"
     "                                        show the running daemon's state\n"
     "  spotvisor sync [--state-dir DIR] [--config FILE] [--timeout DURATION]\n"
@@ -74,7 +76,13 @@ const std::map<std::string, std::string> kHelp = {
      "\n"
      "Prints every key with its resolved value and where it came from (default, the file and\n"
      "line, project metadata, instance metadata, command line). Problems go to stderr; the exit\n"
-     "status is 78 if anything is invalid, else 0.\n"},
+     "status is 78 if anything is invalid, else 0.\n"
+     "\n"
+     "Usage: spotvisor config --template [--set KEY=VALUE]...\n"
+     "\n"
+     "Prints a configuration file that lists every key with its help and default, commented out;\n"
+     "keys given with --set are written uncommented. Reads no file and no metadata. The package's\n"
+     "/etc/spotvisor/spotvisor.conf is made this way.\n"},
     {"status",
      "Usage: spotvisor status [--state-dir DIR] [--config FILE] [--json]\n"
      "\n"
@@ -100,6 +108,7 @@ struct Args {
   std::string command;
   EngineOptions engine;
   bool json = false;
+  bool template_ = false;
   std::string state_dir;
   std::chrono::milliseconds timeout{600'000};
 };
@@ -128,7 +137,7 @@ int Parse(int argc, char** argv, Args& a) {
     static const std::map<std::string, std::vector<std::string>> kFlags = {
         {"daemon", {"--config"}},
         {"run", {"--config", "--set", "--"}},
-        {"config", {"--config", "--set", "--json"}},
+        {"config", {"--config", "--set", "--json", "--template"}},
         {"status", {"--config", "--state-dir", "--json"}},
         {"sync", {"--config", "--state-dir", "--timeout"}},
         {"release", {"--config", "--state-dir"}},
@@ -154,6 +163,10 @@ int Parse(int argc, char** argv, Args& a) {
     }
     if (flag == "--json") {
       a.json = true;
+      continue;
+    }
+    if (flag == "--template") {
+      a.template_ = true;
       continue;
     }
     if (eq != std::string::npos) {
@@ -211,6 +224,13 @@ int main(int argc, char** argv) {
   if (a.command == "status") return spotvisor::PrintStatus(StateDir(a), a.json);
   if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);
   if (a.command == "release") return spotvisor::RequestRelease(StateDir(a));
+  if (a.command == "config" && a.template_) {
+    if (a.json || a.engine.config_path_given) return Usage("config --template takes only --set");
+    auto t = spotvisor::ConfigTemplate(a.engine.sets);
+    if (!t.ok()) return Usage("config --template: " + t.status().message());
+    std::fputs(t->c_str(), stdout);
+    return 0;
+  }
   if (a.command == "config") return spotvisor::PrintConfig(a.engine, a.json);
   return spotvisor::RunEngine(a.engine);
 }

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
+#include "config/keys.h"
 
 namespace spotvisor {
 namespace {
@@ -70,6 +71,50 @@ StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ParseConfigText(ss.str(), path);
+}
+
+std::string QuoteConfigValue(const std::string& value) {
+  bool plain = Trim(value) == value && (value.empty() || value.front() != '"') &&
+               value.find_first_of("\n\r\t\\") == std::string::npos;
+  if (plain) return value;
+  std::string out = "\"";
+  for (char c : value) {
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      default: out += c;
+    }
+  }
+  return out + "\"";
+}
+
+StatusOr<std::string> ConfigTemplate(const std::vector<std::pair<std::string, std::string>>& set) {
+  for (auto const& [k, v] : set) {
+    if (FindKey(k) == nullptr) return InvalidArgumentError(fmt::format("unknown key \"{}\"", k));
+  }
+  std::string out =
+      "# spotvisor configuration: the image's defaults, the lowest layer.\n"
+      "# Project metadata, then instance metadata (spotvisor-KEY attributes), then\n"
+      "# `spotvisor run --set` override anything here. `spotvisor config` shows the\n"
+      "# resolved values and where each came from; docs/configuration.md explains every key.\n"
+      "# Format: `key = value`; # starts a comment only at the start of a line; a value\n"
+      "# may be double-quoted with \\n, \\t, \\\" and \\\\ escapes.\n";
+  for (auto const& k : AllKeys()) {
+    out += "\n";
+    for (auto const& line : SplitLines(k.help)) out += fmt::format("# {}\n", line);
+    const std::string* value = nullptr;
+    for (auto const& [sk, sv] : set) {
+      if (sk == k.name) value = &sv;  // the last --set wins, as on the command line
+    }
+    if (value != nullptr) {
+      out += fmt::format("{} = {}\n", k.name, QuoteConfigValue(*value));
+    } else {
+      out += fmt::format("# {} = {}\n", k.name, QuoteConfigValue(k.default_value));
+    }
+  }
+  return out;
 }
 
 }  // namespace spotvisor

@@ -20,4 +20,14 @@ struct FileEntry {
 StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const std::string& filename);
 StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path);
 
+// A config file listing every key with its help as a comment: `# key = default`,
+// or `key = value` (quoted when needed) for the keys given in `set`. The image
+// default file /etc/spotvisor/spotvisor.conf is generated with this, so it
+// cannot fall behind the key registry. Unknown keys in `set` are an error.
+StatusOr<std::string> ConfigTemplate(const std::vector<std::pair<std::string, std::string>>& set);
+
+// How a value is written in a config file: bare when it reads back unchanged,
+// else double-quoted with escapes.
+std::string QuoteConfigValue(const std::string& value);
+
 }  // namespace spotvisor

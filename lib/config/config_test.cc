@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include "config/config_file.h"
+#include "config/keys.h"
+
+#include <map>
 
 namespace spotvisor {
 namespace {
@@ -186,6 +189,33 @@ TEST_CASE("the trainer's spotvisor variables include Vertex AI's name") {
   c.checkpoint_dir = "/ck";
   auto env = SpotvisorEnv(c);
   CHECK(std::find(env.begin(), env.end(), std::make_pair(std::string("AIP_CHECKPOINT_DIR"), std::string("/ck"))) != env.end());
+}
+
+TEST_CASE("the config template lists every key and reads back what was set") {
+  auto t = ConfigTemplate({{"user", "spotvisor"},
+                           {"env", "A=1\nB=\"two\" \\ three"},
+                           {"command", "  python train.py # not a comment"}});
+  REQUIRE(t.ok());
+  for (auto const& k : AllKeys()) {
+    INFO(k.name);
+    bool listed = t->find("\n# " + k.name + " = ") != std::string::npos ||
+                  t->find("\n" + k.name + " = ") != std::string::npos;
+    CHECK(listed);
+  }
+  auto entries = ParseConfigText(*t, "template");
+  REQUIRE(entries.ok());
+  std::map<std::string, std::string> got;
+  for (auto const& e : *entries) got[e.key] = e.value;
+  CHECK(got.size() == 3);
+  CHECK(got["user"] == "spotvisor");
+  CHECK(got["env"] == "A=1\nB=\"two\" \\ three");
+  CHECK(got["command"] == "  python train.py # not a comment");
+  // Defaults are shown, commented out, exactly as they parse.
+  CHECK(t->find("\n# stop-timeout = 20s\n") != std::string::npos);
+
+  auto bad = ConfigTemplate({{"usr", "x"}});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() == "unknown key \"usr\"");
 }
 
 }  // namespace
