@@ -418,6 +418,7 @@ int RunEngine(const EngineOptions& options) {
                                retry_sleeper);
     };
   }
+  so.notifier = MakeSystemdNotifier();
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 
   std::vector<std::unique_ptr<MetadataWatcher>> watchers;

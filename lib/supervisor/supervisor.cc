@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/duration.h"
 #include "log/logger.h"
 #include "output/utf8.h"
 #include "state/status_file.h"
@@ -143,7 +144,9 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       signals_(signals),
       deadline_timer_(io),
       sync_timer_(io),
-      idle_timer_(io) {}
+      idle_timer_(io),
+      watchdog_timer_(io),
+      extend_timer_(io) {}
 
 Supervisor::~Supervisor() {
   for (auto& t : workers_) {
@@ -162,7 +165,74 @@ void Supervisor::Start() {
                {{"run_id", c.run_id}, {"command", c.command}, {"user", c.user}, {"workdir", c.workdir},
                 {"on_exit", OnExitName(c.on_exit)}, {"mode", options_.mode},
                 {"spotvisor_pid", getpid()}});
+  if (options_.notifier) {
+    // Configuration is loaded and the run has begun: systemd may consider
+    // the service started (restore and mounts can take long; STATUS says so).
+    options_.notifier->Notify("READY=1");
+    if (auto interval = options_.notifier->WatchdogInterval()) {
+      logger_.Info("systemd.watchdog", fmt::format("feeding systemd's watchdog every {}", FormatDuration(std::chrono::duration_cast<std::chrono::milliseconds>(*interval / 2))),
+                   {{"interval_s", std::chrono::duration<double>(*interval).count()}});
+      ArmWatchdog(*interval);
+    }
+  }
   Dispatch(StartEvent{options_.already_preempted, options_.maintenance_terminate});
+}
+
+// WATCHDOG=1 from the event loop itself: if the loop hangs, the pings stop
+// and systemd acts (WatchdogSec=).
+void Supervisor::ArmWatchdog(std::chrono::microseconds interval) {
+  watchdog_timer_.expires_after(interval / 2);
+  watchdog_timer_.async_wait([this, interval](boost::system::error_code ec) {
+    if (ec || exited_) return;
+    options_.notifier->Notify("WATCHDOG=1");
+    ArmWatchdog(interval);
+  });
+}
+
+// While spotvisor stops (its stop ladder, the final sync, unmounts, on-exit),
+// systemd's stop timeout is pushed out to cover the current phase's own
+// deadline, so the work is bounded by spotvisor's deadlines, not cut short.
+void Supervisor::ArmStopExtension() {
+  auto extend = std::chrono::microseconds(std::chrono::seconds(30));
+  if (auto d = machine_.deadline()) {
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(*d - clock_.Now()) + std::chrono::seconds(15);
+    extend = std::max(extend, left);
+  }
+  options_.notifier->Notify(fmt::format("EXTEND_TIMEOUT_USEC={}", extend.count()));
+  extend_timer_.expires_after(std::chrono::seconds(10));
+  extend_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec && !exited_) ArmStopExtension();
+  });
+}
+
+void Supervisor::NotifyService() {
+  if (!options_.notifier) return;
+  Phase p = machine_.phase();
+  auto reason = machine_.end_reason();
+  // The run is ending (not a crash that may yet be restarted, not a hold).
+  bool stopping = p == Phase::kStopping || p == Phase::kSyncing || p == Phase::kFinishing || p == Phase::kDone ||
+                  (p == Phase::kDraining && reason && *reason != EndReason::kFailed) ||
+                  (reason && *reason == EndReason::kStopped);
+  std::string status = PhaseName(p);
+  if (reason) status += fmt::format(" ({})", EndReasonName(*reason));
+  if (trainer_pid_ > 0 && !trainer_reaped_) status += fmt::format("; trainer pid {}", trainer_pid_);
+  if (!last_sync_.is_null()) {
+    status += last_sync_.value("ok", false)
+                  ? fmt::format("; last sync #{} at {}", last_sync_.value("sequence", 0), last_sync_.value("time", ""))
+                  : fmt::format("; last sync FAILED at {}", last_sync_.value("time", ""));
+  }
+  std::string message;
+  if (status != notified_status_) {
+    notified_status_ = status;
+    message = "STATUS=" + status;
+  }
+  if (stopping && !stopping_notified_) {
+    stopping_notified_ = true;
+    message += message.empty() ? "STOPPING=1" : "\nSTOPPING=1";
+  }
+  if (message.empty()) return;
+  options_.notifier->Notify(message);
+  if (stopping_notified_ && !exited_) ArmStopExtension();
 }
 
 void Supervisor::NotifyPreempted() {
@@ -534,6 +604,8 @@ void Supervisor::Exit(int code) {
   deadline_timer_.cancel();
   sync_timer_.cancel();
   idle_timer_.cancel();
+  watchdog_timer_.cancel();
+  extend_timer_.cancel();
   compute_sleeper_.Cancel();
   io_.stop();
 }
@@ -572,6 +644,7 @@ void Supervisor::WriteStatus(const LogEvent& last) {
         {"reason", j.value("reason", "")},
     });
   }
+  NotifyService();
   auto s = WriteStatusFile(c.state_dir, j);
   if (!s.ok() && s.message() != status_error_) {
     status_error_ = s.message();

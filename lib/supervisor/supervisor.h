@@ -22,6 +22,7 @@
 #include "compute/compute_client.h"
 #include "metadata/guest_attributes.h"
 #include "sync/sync_engine.h"
+#include "notify/service_notifier.h"
 
 namespace spotvisor {
 
@@ -37,6 +38,8 @@ struct SupervisorOptions {
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
   // The same state as status.json, as guest attributes; null without metadata.
   std::shared_ptr<GuestAttributesWriter> guest_attributes;
+  // systemd's notify socket (Type=notify); null when not under systemd.
+  std::shared_ptr<ServiceNotifier> notifier;
 };
 
 class Supervisor {
@@ -71,6 +74,10 @@ class Supervisor {
   void Exit(int code);
   void OnMachineEvent(LogEvent e);
   void WriteStatus(const LogEvent& last);
+  // READY/STATUS/STOPPING/EXTEND_TIMEOUT_USEC/WATCHDOG to systemd.
+  void NotifyService();
+  void ArmWatchdog(std::chrono::microseconds interval);
+  void ArmStopExtension();
   void CheckLeftoversGone();
   // Restore and sync block on the network: they run on threads of their own
   // and post their result back to the loop.
@@ -89,6 +96,10 @@ class Supervisor {
   boost::asio::steady_timer deadline_timer_;
   boost::asio::steady_timer sync_timer_;
   boost::asio::steady_timer idle_timer_;
+  boost::asio::steady_timer watchdog_timer_;
+  boost::asio::steady_timer extend_timer_;
+  std::string notified_status_;  // the last STATUS= sent
+  bool stopping_notified_ = false;
   std::unique_ptr<ActivitySampler> sampler_;
   std::optional<IdleDetector> idle_;
   std::vector<std::thread> workers_;  // joined in the destructor
