@@ -5,8 +5,8 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ pkg-config
-  libboost-dev libcurl4-openssl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev catch2
-  python3 python3-crcmod rclone curl procps
+  libboost-dev libcurl4-openssl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev libblkid-dev catch2
+  python3 python3-crcmod rclone fuse3 e2fsprogs curl procps
 )
 missing=()
 for p in "${packages[@]}"; do

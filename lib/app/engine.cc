@@ -23,6 +23,8 @@
 #include "log/cloud_logging_sink.h"
 #include "log/journald_sink.h"
 #include "metadata/watcher.h"
+#include "mount/mount_manager.h"
+#include "mount/mounter.h"
 #include "process/spawn.h"
 #include "process/user.h"
 #include "retry/retry_loop.h"
@@ -72,26 +74,13 @@ std::string Hostname() {
   return std::string(buf);
 }
 
-// mkdir -p; directories we create for the trainer belong to its user.
-Status MakeDirs(const std::string& path, const std::optional<UserInfo>& owner) {
-  std::error_code ec;
-  std::filesystem::path p(path);
-  std::vector<std::filesystem::path> created;
-  for (auto cur = p; !cur.empty() && !std::filesystem::exists(cur, ec); cur = cur.parent_path()) {
-    created.push_back(cur);
-    if (cur == cur.parent_path()) break;
-  }
-  std::filesystem::create_directories(p, ec);
-  if (ec) return ErrnoToStatus(ec.value(), fmt::format("cannot create \"{}\"", path));
-  if (!std::filesystem::is_directory(p, ec)) return FailedPreconditionError(fmt::format("\"{}\" is not a directory", path));
-  if (owner && geteuid() == 0) {
-    for (auto const& d : created) {
-      if (chown(d.c_str(), owner->uid, owner->gid) != 0) {
-        return ErrnoToStatus(errno, fmt::format("cannot give \"{}\" to user {}", d.string(), owner->name));
-      }
-    }
-  }
-  return OkStatus();
+bool Under(const std::string& path, const std::string& dir) {
+  return !dir.empty() && (path == dir || StartsWith(path, dir + "/"));
+}
+
+bool UnderMount(const Config& c, const std::string& path) {
+  return (!c.dataset_disk.empty() && Under(path, c.dataset_dir)) || (!c.scratch_disk.empty() && Under(path, c.scratch_dir)) ||
+         Under(path, c.bucket_mount);
 }
 
 std::vector<std::string> BaseEnv(const std::optional<UserInfo>& user) {
@@ -194,31 +183,64 @@ Status AddCloudLogging(const ConfigResult& r, const MetadataSnapshot& metadata, 
   return OkStatus();
 }
 
+// The Cloud Storage JSON API client for gs://BUCKET, objects under `prefix`.
+std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bucket, const std::string& prefix, Mode mode,
+                                          const Clock& clock) {
+  GcsOptions o;
+  bool auth = true;
+  o.endpoint = StorageEndpoint(c.storage_endpoint, auth);
+  o.bucket = bucket;
+  o.prefix = prefix;
+  // Google's guidance: exponential backoff with jitter; a sync gives up
+  // after two minutes (the next periodic sync tries again).
+  o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
+  o.make_backoff = [] {
+    return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
+  };
+  std::unique_ptr<TokenProvider> tokens =
+      auth ? std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock))
+           : MakeNoAuthTokenProvider();
+  return MakeGcsObjectStore(std::move(o), std::move(tokens));
+}
+
 std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapshot& metadata, Mode mode,
                                            const Clock& clock) {
   auto loc = ParseStoreLocation(c.bucket);  // validated with the config
   std::unique_ptr<ObjectStore> store;
   if (loc->scheme == "file") {
     store = MakeFileObjectStore(loc->prefix + "/" + c.run_id);
+  } else if (c.sync_via_mount) {
+    // The same layout, through the FUSE mount of the whole bucket: files are
+    // written to a temporary name, fsynced, closed (gcsfuse uploads on close)
+    // and renamed.
+    store = MakeFileObjectStore(c.bucket_mount + "/" + (loc->prefix.empty() ? "" : loc->prefix + "/") + c.run_id);
   } else {
-    GcsOptions o;
-    bool auth = true;
-    o.endpoint = StorageEndpoint(c.storage_endpoint, auth);
-    o.bucket = loc->bucket;
-    o.prefix = loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id;
-    // Google's guidance: exponential backoff with jitter; a sync gives up
-    // after two minutes (the next periodic sync tries again).
-    o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
-    o.make_backoff = [] {
-      return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
-    };
-    std::unique_ptr<TokenProvider> tokens =
-        auth ? std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock))
-             : MakeNoAuthTokenProvider();
-    store = MakeGcsObjectStore(std::move(o), std::move(tokens));
+    store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }
   SyncOptions so{c.checkpoint_dir, c.run_id, metadata.instance_name, c.sync_parallelism, c.sync_settle};
   return std::make_shared<SyncEngine>(std::move(store), std::move(so), clock);
+}
+
+// Seed 002's trap: the default storage scope is read-only, so a bucket
+// mount (and every upload) fails with 403 much later. Say so up front.
+void WarnAboutScopes(MetadataClient& client, Logger& logger) {
+  auto scopes = client.Get("instance/service-accounts/default/scopes");
+  if (!scopes.ok()) {
+    logger.Warn("mount.scopes", "cannot read the VM's service-account scopes: " + scopes.status().message());
+    return;
+  }
+  for (auto const& line : SplitLines(scopes->value)) {
+    auto scope = std::string(Trim(line));
+    if (scope.ends_with("/auth/cloud-platform") || scope.ends_with("/auth/devstorage.read_write") ||
+        scope.ends_with("/auth/devstorage.full_control")) {
+      return;
+    }
+  }
+  logger.Warn("mount.scopes",
+              "the VM's service account has no scope that can write to Cloud Storage (the default is read-only): the bucket "
+              "mount and checkpoint uploads will fail with 403; create the VM with --scopes=storage-full (or "
+              "cloud-platform)",
+              {{"scopes", scopes->value}});
 }
 
 }  // namespace
@@ -298,7 +320,8 @@ void PrepareHost(ConfigResult& r, Mode mode) {
   if (mode != Mode::kConfig) {
     for (auto [key, dir, own] : {std::tuple{"workdir", &c.workdir, true}, std::tuple{"checkpoint-dir", &c.checkpoint_dir, true},
                                  std::tuple{"state-dir", &c.state_dir, false}}) {
-      if (dir->empty()) continue;
+      // On a disk that is not mounted yet: created after the mounts.
+      if (dir->empty() || UnderMount(c, *dir)) continue;
       auto s = MakeDirs(*dir, own ? owner : std::nullopt);
       if (!s.ok()) r.errors.push_back(fmt::format("{}: {}", origin(key), s.message()));
     }
@@ -419,6 +442,40 @@ int RunEngine(const EngineOptions& options) {
     };
   }
   so.notifier = MakeSystemdNotifier();
+  std::unique_ptr<Mounter> mounter;
+  if (!config.dataset_disk.empty() || !config.scratch_disk.empty() || !config.bucket_mount.empty()) {
+    MountOptions mo;
+    mo.dataset_disk = config.dataset_disk;
+    mo.dataset_dir = config.dataset_dir;
+    mo.dataset_options = config.dataset_mount_options;
+    mo.scratch_disk = config.scratch_disk;
+    mo.scratch_dir = config.scratch_dir;
+    mo.bucket_mount = config.bucket_mount;
+    mo.bucket = config.bucket;
+    mo.driver = config.mount_driver;
+    mo.extra_args = config.mount_options;
+    bool auth = true;
+    mo.storage_endpoint = StorageEndpoint(config.storage_endpoint, auth);
+    mo.storage_auth = auth;
+    if (auto u = LookupUser(config.user); u.ok()) mo.owner = *u;
+    mo.base_env = BaseEnv(std::nullopt);
+    mo.timeout = config.mount_timeout;
+    for (auto const* d : {&config.workdir, &config.checkpoint_dir}) {
+      if (!d->empty() && UnderMount(config, *d)) mo.dirs_after_mount.push_back(*d);
+    }
+    if (!config.bucket_mount.empty()) {
+      // Through the API first: a FUSE driver may mount a bucket that does not
+      // exist (rclone does) and fail only on first use; this names the
+      // problem (missing bucket, missing permission or scope) up front.
+      auto loc = ParseStoreLocation(config.bucket);
+      std::shared_ptr<ObjectStore> check = MakeGcsStore(config, loc->bucket, loc->prefix, options.mode, clock);
+      mo.check_bucket = [check] { return check->CheckAccess(); };
+    }
+    mounter = MakeSystemMounter();
+    so.mount_sleeper = std::make_shared<CancellableSleeper>();
+    so.mounts = std::make_shared<MountManager>(std::move(mo), *mounter, *so.children, clock, *so.mount_sleeper, logger);
+    if (!config.bucket_mount.empty() && metadata.available) WarnAboutScopes(*metadata_client, logger);
+  }
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 
   std::vector<std::unique_ptr<MetadataWatcher>> watchers;

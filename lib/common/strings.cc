@@ -59,4 +59,14 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
   return best;
 }
 
+std::vector<std::string> SplitOn(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  for (;;) {
+    auto i = s.find(sep);
+    out.emplace_back(s.substr(0, i));
+    if (i == std::string_view::npos) return out;
+    s.remove_prefix(i + 1);
+  }
+}
+
 }  // namespace spotvisor

@@ -9,6 +9,8 @@ namespace spotvisor {
 std::string_view Trim(std::string_view s);
 std::vector<std::string> SplitLines(std::string_view s);
 bool StartsWith(std::string_view s, std::string_view prefix);
+// Split on one character; empty fields are kept.
+std::vector<std::string> SplitOn(std::string_view s, char sep);
 // Edit distance, for did-you-mean suggestions on misspelt keys.
 std::size_t EditDistance(std::string_view a, std::string_view b);
 // The closest candidate within a small distance, or "" when none is close.

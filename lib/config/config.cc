@@ -8,6 +8,7 @@
 #include "common/duration.h"
 #include "common/strings.h"
 #include "config/keys.h"
+#include "mount/mounter.h"
 #include "storage/object_store.h"
 
 namespace spotvisor {
@@ -311,6 +312,46 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     res.Error("storage-endpoint", fmt::format("\"{}\" is not an http:// or https:// URL", c.storage_endpoint));
   }
   while (!c.storage_endpoint.empty() && c.storage_endpoint.back() == '/') c.storage_endpoint.pop_back();
+  // Mounts.
+  c.dataset_disk = std::string(Trim(res.Get("dataset-disk").value));
+  c.scratch_disk = std::string(Trim(res.Get("scratch-disk").value));
+  for (auto [key, disk] : {std::pair{"dataset-disk", &c.dataset_disk}, std::pair{"scratch-disk", &c.scratch_disk}}) {
+    if (!disk->empty() && !StartsWith(*disk, "/dev/") && disk->find_first_of("/ \t") != std::string::npos) {
+      res.Error(key, fmt::format("\"{}\" is not a device name (as in device-name=NAME) or a /dev/... path", *disk));
+    }
+  }
+  res.Path("dataset-dir", c.dataset_dir, false);
+  res.Path("scratch-dir", c.scratch_dir, false);
+  res.Path("bucket-mount", c.bucket_mount, true);
+  c.dataset_mount_options = std::string(Trim(res.Get("dataset-mount-options").value));
+  if (auto f = ParseMountOptions(c.dataset_mount_options); !f.ok()) {
+    res.Error("dataset-mount-options", f.status().message());
+  } else {
+    for (auto const& o : SplitOn(c.dataset_mount_options, ',')) {
+      if (o == "rw") res.Error("dataset-mount-options", "the dataset disk is always mounted read-only: drop \"rw\"");
+    }
+  }
+  res.OneOf<std::string>("mount-driver", {{"gcsfuse", "gcsfuse"}, {"rclone", "rclone"}}, c.mount_driver);
+  for (auto const& w : SplitOn(std::string(Trim(res.Get("mount-options").value)), ' ')) {
+    if (!w.empty()) c.mount_options.push_back(w);
+  }
+  c.mount_timeout = res.Duration("mount-timeout", c.mount_timeout);
+  res.OneOf<bool>("sync-via", {{"api", false}, {"mount", true}}, c.sync_via_mount);
+  if (!c.bucket_mount.empty() && !StartsWith(c.bucket, "gs://")) {
+    res.Error("bucket-mount", c.bucket.empty() ? "needs bucket = gs://BUCKET[/PREFIX]: which bucket to mount"
+                                               : fmt::format("needs a gs:// bucket, not \"{}\"", c.bucket));
+  }
+  if (c.sync_via_mount && c.bucket_mount.empty()) {
+    res.Error("sync-via", "mount needs bucket-mount (the directory the bucket is mounted on)");
+  }
+  auto under = [](const std::string& path, const std::string& dir) {
+    return !dir.empty() && (path == dir || StartsWith(path, dir + "/"));
+  };
+  if (under(c.checkpoint_dir, c.bucket_mount)) {
+    res.Error("checkpoint-dir", fmt::format("\"{}\" is inside bucket-mount {}: keep checkpoints on a local disk (they are "
+                                            "synced to the bucket)",
+                                            c.checkpoint_dir, c.bucket_mount));
+  }
   if (r.errors.empty()) res.ExpandExecForm(c);
   if (r.errors.empty()) r.config = std::move(c);
   return r;
@@ -325,12 +366,16 @@ StatusOr<std::pair<std::string, std::string>> ParseSetFlag(const std::string& ar
 }
 
 std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c) {
-  return {
+  std::vector<std::pair<std::string, std::string>> env = {
       {"SPOTVISOR_RUN_ID", c.run_id},
       {"SPOTVISOR_CHECKPOINT_DIR", c.checkpoint_dir},
       // Vertex AI's name for the same thing, so trainers written for it work.
       {"AIP_CHECKPOINT_DIR", c.checkpoint_dir},
   };
+  if (!c.dataset_disk.empty()) env.emplace_back("SPOTVISOR_DATASET_DIR", c.dataset_dir);
+  if (!c.scratch_disk.empty()) env.emplace_back("SPOTVISOR_SCRATCH_DIR", c.scratch_dir);
+  if (!c.bucket_mount.empty()) env.emplace_back("SPOTVISOR_OUTPUT_DIR", c.bucket_mount);
+  return env;
 }
 
 }  // namespace spotvisor

@@ -78,6 +78,14 @@ struct Config {
   std::chrono::milliseconds on_failure_hold{0};
   std::chrono::milliseconds idle_timeout{0};
   int idle_threshold = 5;
+  // Mounts (issue #4); empty disk / bucket_mount: not mounted.
+  std::string dataset_disk, dataset_dir, dataset_mount_options;
+  std::string scratch_disk, scratch_dir;
+  std::string bucket_mount;
+  std::string mount_driver = "gcsfuse";
+  std::vector<std::string> mount_options;  // extra flags for the driver
+  std::chrono::milliseconds mount_timeout{60'000};
+  bool sync_via_mount = false;  // sync-via = mount: copy into bucket-mount
 };
 
 struct ConfigResult {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -39,6 +40,27 @@ std::string CurrentUserName() {
     return pw.pw_name;
   }
   return std::to_string(geteuid());
+}
+
+Status MakeDirs(const std::string& path, const std::optional<UserInfo>& owner) {
+  std::error_code ec;
+  std::filesystem::path p(path);
+  std::vector<std::filesystem::path> created;
+  for (auto cur = p; !cur.empty() && !std::filesystem::exists(cur, ec); cur = cur.parent_path()) {
+    created.push_back(cur);
+    if (cur == cur.parent_path()) break;
+  }
+  std::filesystem::create_directories(p, ec);
+  if (ec) return ErrnoToStatus(ec.value(), fmt::format("cannot create \"{}\"", path));
+  if (!std::filesystem::is_directory(p, ec)) return FailedPreconditionError(fmt::format("\"{}\" is not a directory", path));
+  if (owner && geteuid() == 0) {
+    for (auto const& d : created) {
+      if (chown(d.c_str(), owner->uid, owner->gid) != 0) {
+        return ErrnoToStatus(errno, fmt::format("cannot give \"{}\" to user {}", d.string(), owner->name));
+      }
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace spotvisor

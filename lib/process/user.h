@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,5 +21,8 @@ struct UserInfo {
 
 StatusOr<UserInfo> LookupUser(const std::string& name);
 std::string CurrentUserName();
+
+// mkdir -p; the directories it creates are given to `owner` (when root).
+Status MakeDirs(const std::string& path, const std::optional<UserInfo>& owner);
 
 }  // namespace spotvisor

@@ -16,6 +16,8 @@ constexpr int kExitPreemptedBeforeStart = 75;
 constexpr int kExitRestoreFailed = 74;
 // EX_CANTCREAT: the trainer succeeded but its results did not reach the bucket.
 constexpr int kExitSyncFailed = 73;
+// EX_OSFILE: a disk or the bucket could not be mounted, so the trainer never ran.
+constexpr int kExitMountFailed = 72;
 
 template <class... Ts>
 struct Overloaded : Ts... {
@@ -42,6 +44,8 @@ double Seconds(SteadyTime::duration d) { return std::chrono::duration<double>(d)
 const char* PhaseName(Phase p) {
   switch (p) {
     case Phase::kStarting: return "starting";
+    case Phase::kMounting: return "mounting";
+    case Phase::kUnmounting: return "unmounting";
     case Phase::kRestoring: return "restoring";
     case Phase::kRunning: return "running";
     case Phase::kStopping: return "stopping";
@@ -66,6 +70,7 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kRestoreFailed: return "restore-failed";
     case EndReason::kMaxRuntime: return "max-runtime";
     case EndReason::kIdle: return "idle";
+    case EndReason::kMountFailed: return "mount-failed";
   }
   return "?";
 }
@@ -103,12 +108,35 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
               Finish(now, out);
               return;
             }
-            if (options_.sync) {
-              out.push_back(StartRestore{});
-              EnterPhase(Phase::kRestoring, now, options_.restore_timeout, "restoring the newest complete checkpoint");
+            if (options_.mounts) {
+              mounts_active_ = true;
+              out.push_back(StartMounts{});
+              EnterPhase(Phase::kMounting, now, options_.mount_timeout, "mounting disks and the bucket");
               return;
             }
-            out.push_back(SpawnTrainer{});
+            AfterMounts(now, out);
+          },
+          [&](const MountsDone& e) {
+            if (phase_ != Phase::kMounting) return;
+            if (!e.ok && !mount_cancelled_) {
+              reason_ = EndReason::kMountFailed;
+              exit_code_ = kExitMountFailed;
+              Log(Severity::kError, "mount.failed", "mounting failed; not starting the trainer: " + e.error, {{"error", e.error}});
+            }
+            if (reason_) {  // failed, or preempted / stopped while mounting
+              if (*reason_ == EndReason::kPreempted || *reason_ == EndReason::kMaintenance) exit_code_ = kExitPreemptedBeforeStart;
+              Finish(now, out);
+              return;
+            }
+            AfterMounts(now, out);
+          },
+          [&](const UnmountsDone& e) {
+            if (phase_ != Phase::kUnmounting) return;
+            if (!e.problems.empty()) {
+              Log(Severity::kError, "mount.unmount_problems",
+                  fmt::format("{} mount(s) did not come off cleanly", e.problems.size()), {{"problems", e.problems}});
+            }
+            AfterTeardown(now, out);
           },
           [&](const RestoreDone& e) {
             if (phase_ != Phase::kRestoring) return;
@@ -136,7 +164,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             out.push_back(SpawnTrainer{e.resumed});
           },
           [&](const TrainerSpawned& e) {
-            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
+            if (phase_ != Phase::kStarting && phase_ != Phase::kMounting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
             trainer_pid_ = e.pid;
             trainer_started_ = now;
             trainer_ran_ = true;
@@ -145,7 +173,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             deadline_ = RunningDeadline();
           },
           [&](const TrainerSpawnFailed& e) {
-            if (phase_ != Phase::kStarting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
+            if (phase_ != Phase::kStarting && phase_ != Phase::kMounting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
             reason_ = EndReason::kFailed;
             exit_code_ = e.exit_code;
             Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
@@ -166,8 +194,12 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
               ScheduleStop(EndReason::kPreempted, options_.preemption_stop_lead, now, out);
             } else if (phase_ == Phase::kRunning) {
               BeginStop(EndReason::kPreempted, now, out);
+            } else if (reason_ == EndReason::kStopped && (phase_ == Phase::kStopping || phase_ == Phase::kDraining)) {
+              // The power button's SIGTERM won the race with the metadata
+              // watcher: it is still a preemption.
+              reason_ = EndReason::kPreempted;
             }
-            if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kPreempted;
+            if ((phase_ == Phase::kRestoring || phase_ == Phase::kMounting) && !reason_) reason_ = EndReason::kPreempted;
             if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kPreempted, now, out);
           },
           [&](const MaintenanceNotice& e) {
@@ -184,7 +216,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 BeginStop(EndReason::kMaintenance, now, out);
               }
               if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kMaintenance, now, out);
-              if (phase_ == Phase::kRestoring && !reason_) reason_ = EndReason::kMaintenance;
+              if ((phase_ == Phase::kRestoring || phase_ == Phase::kMounting) && !reason_) reason_ = EndReason::kMaintenance;
             } else {
               // Live migration pauses the VM briefly; the trainer carries on.
               Log(Severity::kInfo, "maintenance.event", fmt::format("maintenance-event is {}", e.value),
@@ -192,6 +224,10 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             }
           },
           [&](const StopSignal& e) {
+            // on-exit is for the end of the work, not for a system that is
+            // already going down (likely the reason for the signal).
+            bool first = !signalled_;
+            signalled_ = true;
             Log(Severity::kWarning, "signal.received", fmt::format("spotvisor received {}", SignalName(e.signo)),
                 {{"signal", SignalName(e.signo)}, {"phase", PhaseName(phase_)}});
             switch (phase_) {
@@ -202,19 +238,31 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 break;
               case Phase::kRunning: BeginStop(EndReason::kStopped, now, out); break;
               case Phase::kRestoring:
+              case Phase::kMounting:
                 reason_ = EndReason::kStopped;
                 exit_code_ = 128 + e.signo;
                 break;
               case Phase::kRestarting:
                 StopFromIdle(EndReason::kStopped, now, out);
                 break;
-              // A second request to stop means "stop faster".
-              case Phase::kStopping: Escalate(now, out, "asked again to stop"); break;
+              // A second request to stop means "stop faster" -- but only a
+              // second request: GCE presses the power button (systemd's
+              // SIGTERM) together with preempted=TRUE, and that must not cut
+              // the stop-timeout the trainer gets to save its checkpoint.
+              case Phase::kStopping:
+                if (!first) {
+                  Escalate(now, out, "asked again to stop");
+                } else {
+                  Log(Severity::kInfo, "signal.ignored",
+                      fmt::format("already stopping the trainer ({}): the stop ladder goes on as scheduled",
+                                  EndReasonName(*reason_)),
+                      {{"signal", SignalName(e.signo)}});
+                }
+                break;
               case Phase::kHolding:
                 // An operator stopping the service ends the hold, not the VM.
                 reason_ = reason_ ? reason_ : EndReason::kStopped;
-                EnterPhase(Phase::kDone, now, std::nullopt, "stopped while holding");
-                out.push_back(ExitProcess{exit_code_});
+                Teardown(now, out, false);
                 break;
               case Phase::kFinishing:
                 // The system is going down (likely because we asked it to).
@@ -295,6 +343,28 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                   Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
                   AfterDraining(now, out);
                 }
+                break;
+              case Phase::kMounting:
+                if (!mount_cancelled_) {
+                  mount_cancelled_ = true;
+                  reason_ = EndReason::kMountFailed;
+                  exit_code_ = kExitMountFailed;
+                  Log(Severity::kError, "mount.failed",
+                      fmt::format("mounting did not finish within {}; not starting the trainer", FormatDuration(options_.mount_timeout)));
+                  out.push_back(CancelMounts{});
+                  EnterPhase(Phase::kMounting, now, std::chrono::milliseconds(10'000), "cancelling the mounts");
+                } else {
+                  // The mount worker did not return: what it mounted cannot be
+                  // known, so nothing is unmounted.
+                  Log(Severity::kError, "mount.stuck", "the mount step did not return after being cancelled; finishing without unmounting");
+                  mounts_active_ = false;
+                  Finish(now, out);
+                }
+                break;
+              case Phase::kUnmounting:
+                Log(Severity::kError, "mount.unmount_timeout",
+                    fmt::format("unmounting did not finish within {}; going on", FormatDuration(options_.unmount_timeout)));
+                AfterTeardown(now, out);
                 break;
               case Phase::kRestoring:
                 reason_ = EndReason::kRestoreFailed;
@@ -474,15 +544,14 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
   // Stopped by a signal means systemd or an operator is already stopping us
   // (the system may be shutting down): powering off on top would surprise an
   // operator who only ran `systemctl stop spotvisor`.
-  bool run_it = options_.run_on_exit && *reason_ != EndReason::kStopped && !on_exit_started_;
+  bool run_it = options_.run_on_exit && !signalled_ && !on_exit_started_;
   if (!run_it) {
     Log(Severity::kInfo, "shutdown.skipped",
         options_.run_on_exit ? "spotvisor was stopped by a signal: not running on-exit" : "on-exit is none: leaving the machine running");
-    EnterPhase(Phase::kDone, now, std::nullopt, "run ended");
-    out.push_back(ExitProcess{exit_code_});
+    Teardown(now, out, false);
     return;
   }
-  bool failed = *reason_ == EndReason::kFailed || *reason_ == EndReason::kRestoreFailed;
+  bool failed = *reason_ == EndReason::kFailed || *reason_ == EndReason::kRestoreFailed || *reason_ == EndReason::kMountFailed;
   if (failed && options_.on_failure_hold.count() > 0) {
     Log(Severity::kWarning, "run.hold",
         fmt::format("the run failed: holding the VM for {} before on-exit, for debugging (end it early with `spotvisor release`)",
@@ -494,10 +563,37 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
   RunOnExitNow(now, out);
 }
 
-void StateMachine::RunOnExitNow(SteadyTime now, std::vector<Action>& out) {
+void StateMachine::RunOnExitNow(SteadyTime now, std::vector<Action>& out) { Teardown(now, out, true); }
+
+void StateMachine::Teardown(SteadyTime now, std::vector<Action>& out, bool then_on_exit) {
+  on_exit_after_teardown_ = then_on_exit;
+  if (mounts_active_) {
+    mounts_active_ = false;
+    out.push_back(StartUnmounts{});
+    EnterPhase(Phase::kUnmounting, now, options_.unmount_timeout, "unmounting, in reverse order");
+    return;
+  }
+  AfterTeardown(now, out);
+}
+
+void StateMachine::AfterTeardown(SteadyTime now, std::vector<Action>& out) {
+  if (!on_exit_after_teardown_) {
+    EnterPhase(Phase::kDone, now, std::nullopt, "run ended");
+    out.push_back(ExitProcess{exit_code_});
+    return;
+  }
   on_exit_started_ = true;
   EnterPhase(Phase::kFinishing, now, options_.on_exit_timeout, "running on-exit");
   out.push_back(RunOnExit{});
+}
+
+void StateMachine::AfterMounts(SteadyTime now, std::vector<Action>& out) {
+  if (options_.sync) {
+    out.push_back(StartRestore{});
+    EnterPhase(Phase::kRestoring, now, options_.restore_timeout, "restoring the newest complete checkpoint");
+    return;
+  }
+  out.push_back(SpawnTrainer{});
 }
 
 }  // namespace spotvisor

@@ -19,6 +19,7 @@ namespace spotvisor {
 
 enum class Phase {
   kStarting,   // config loaded; trainer not started yet
+  kMounting,   // dataset disk, scratch disk, bucket FUSE mount
   kRestoring,  // putting the newest complete checkpoint back
   kRunning,    // trainer running
   kStopping,   // stop ladder: SIGINT -> SIGTERM -> SIGKILL
@@ -26,12 +27,13 @@ enum class Phase {
   kRestarting, // restart=on-failure: sync, wait restart-delay, start again
   kSyncing,    // final checkpoint sync (and DONE after a success)
   kHolding,    // on-failure-hold: a failed run keeps the VM up for debugging
+  kUnmounting, // undoing the mounts, in reverse order, before on-exit
   kFinishing,  // on-exit action
   kDone,
 };
 const char* PhaseName(Phase p);
 
-enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle };
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed };
 const char* EndReasonName(EndReason r);
 
 // Events.
@@ -59,13 +61,20 @@ struct RestoreDone {
   std::string error;
 };
 struct Release {};
+struct MountsDone {
+  bool ok = true;
+  std::string error;
+};
+struct UnmountsDone {
+  std::vector<std::string> problems;  // empty: everything unmounted cleanly
+};
 struct IdleTimeout { std::chrono::milliseconds idle; };  // idle-timeout expired  // `spotvisor release`: end an on-failure-hold now
 struct SyncDone {
   bool ok = true;
   bool final = true;  // false: the sync before a restart
 };
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone>;
 
 // Actions.
 struct StartRestore {};
@@ -78,9 +87,12 @@ struct StartFinalSync { bool write_done = false; };  // DONE only after a clean 
 struct SignalTrainer { int signo; };    // to the trainer's whole process group
 struct SignalLeftovers { int signo; };  // every remaining descendant
 struct RunOnExit {};
+struct StartMounts {};
+struct CancelMounts {};  // the mounting phase ran out of time: cut waits short
+struct StartUnmounts {};
 struct ExitProcess { int code; };
 using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, SyncNow, RunOnExit,
-                            ExitProcess>;
+                            ExitProcess, StartMounts, CancelMounts, StartUnmounts>;
 
 struct StateMachineOptions {
   std::chrono::milliseconds stop_timeout{20'000};
@@ -107,6 +119,10 @@ struct StateMachineOptions {
   // long before the power button: sync at once, stop the trainer this much later.
   std::chrono::milliseconds preemption_stop_lead{0};
   std::chrono::milliseconds on_failure_hold{0};  // 0: no hold
+  // Mounts (issue #4): before restore, undone before on-exit.
+  bool mounts = false;
+  std::chrono::milliseconds mount_timeout{15 * 60'000};    // the whole mounting phase
+  std::chrono::milliseconds unmount_timeout{2 * 60'000};   // the whole unmounting phase
 };
 
 class StateMachine {
@@ -133,6 +149,10 @@ class StateMachine {
   void Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why);
   void Finish(SteadyTime now, std::vector<Action>& out);
   void RunOnExitNow(SteadyTime now, std::vector<Action>& out);
+  // Unmount what was mounted (if anything), then on-exit or exit.
+  void Teardown(SteadyTime now, std::vector<Action>& out, bool then_on_exit);
+  void AfterTeardown(SteadyTime now, std::vector<Action>& out);
+  void AfterMounts(SteadyTime now, std::vector<Action>& out);
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
   void AfterDraining(SteadyTime now, std::vector<Action>& out);
@@ -164,6 +184,10 @@ class StateMachine {
   std::optional<SteadyTime> scheduled_stop_at_;  // after a notice with a lead
   EndReason scheduled_reason_ = EndReason::kMaintenance;
   bool on_exit_started_ = false;
+  bool signalled_ = false;  // SIGINT/SIGTERM to spotvisor: no on-exit, a second one escalates
+  bool mounts_active_ = false;   // StartMounts was issued and not undone yet
+  bool mount_cancelled_ = false;
+  bool on_exit_after_teardown_ = false;
 };
 
 }  // namespace spotvisor

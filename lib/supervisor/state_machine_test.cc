@@ -329,11 +329,13 @@ TEST_CASE("preemption: the final sync runs without DONE; a failed trainer gets n
   h.On(PreemptionNotice{});
   h.On(TrainerExited{100, 130, 0});
   CHECK_FALSE(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
-  // SIGTERM from systemd while the final sync runs must not cut it short.
+  // SIGTERM from systemd while the final sync runs must not cut it short;
+  // the system is going down already, so no on-exit on top.
   CHECK(h.On(StopSignal{SIGTERM}).empty());
   CHECK(h.machine.phase() == Phase::kSyncing);
-  Only<RunOnExit>(h.On(SyncDone{false}));
+  Only<ExitProcess>(h.On(SyncDone{false}));
   CHECK(h.machine.exit_code() == 130);
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
 }
 
 TEST_CASE("a trainer that succeeded but whose final sync failed does not exit 0") {
@@ -590,5 +592,148 @@ TEST_CASE("a maintenance notice after a preemption notice keeps the earlier stop
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
 }
 
+
+StateMachineOptions MountOptions() {
+  auto o = Harness::Options();
+  o.mounts = true;
+  o.sync = true;
+  o.mount_timeout = 120s;
+  o.unmount_timeout = 60s;
+  return o;
+}
+
+TEST_CASE("mounts come first and are undone last: mount, restore, run, final sync, unmount, on-exit") {
+  Harness h(MountOptions());
+  Only<StartMounts>(h.On(StartEvent{}));
+  CHECK(h.machine.phase() == Phase::kMounting);
+  Only<StartRestore>(h.On(MountsDone{true, ""}));
+  CHECK(h.machine.phase() == Phase::kRestoring);
+  Only<SpawnTrainer>(h.On(RestoreDone{true, false, false, ""}));
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  Only<StartUnmounts>(h.On(SyncDone{true, true}));
+  CHECK(h.machine.phase() == Phase::kUnmounting);
+  // on-exit waits for the unmounts (their last uploads) and runs once.
+  Only<RunOnExit>(h.On(UnmountsDone{}));
+  CHECK(h.machine.phase() == Phase::kFinishing);
+  CHECK(h.On(UnmountsDone{}).empty());
+  CHECK(Only<ExitProcess>(h.On(OnExitDone{0})).code == 0);
+}
+
+TEST_CASE("a mount failure ends the run before restore: exit 72, unmount what was mounted, then on-exit") {
+  Harness h(MountOptions());
+  h.On(StartEvent{});
+  Only<StartUnmounts>(h.On(MountsDone{false, "disk \"data\" did not appear within 1m"}));
+  CHECK(h.machine.exit_code() == 72);
+  CHECK(h.Last("mount.failed").message.find("did not appear") != std::string::npos);
+  CHECK(h.Last("run.end").fields["reason"] == "mount-failed");
+  Only<RunOnExit>(h.On(UnmountsDone{{"/mnt/dataset: busy"}}));
+  CHECK(h.Logged("mount.unmount_problems"));
+}
+
+TEST_CASE("a mount failure with on-failure-hold keeps the mounts during the hold") {
+  auto o = MountOptions();
+  o.on_failure_hold = 10min;
+  Harness h(o);
+  h.On(StartEvent{});
+  CHECK(h.On(MountsDone{false, "no such bucket"}).empty());
+  CHECK(h.machine.phase() == Phase::kHolding);
+  Only<StartUnmounts>(h.On(Release{}));
+  Only<RunOnExit>(h.On(UnmountsDone{}));
+}
+
+TEST_CASE("preempted or stopped while mounting: no trainer; unmount, and on-exit only after a preemption") {
+  {
+    Harness h(MountOptions());
+    h.On(StartEvent{});
+    CHECK(h.On(PreemptionNotice{}).empty());
+    Only<StartUnmounts>(h.On(MountsDone{true, ""}));
+    CHECK(h.machine.exit_code() == 75);
+    Only<RunOnExit>(h.On(UnmountsDone{}));
+  }
+  {
+    Harness h(MountOptions());
+    h.On(StartEvent{});
+    CHECK(h.On(StopSignal{SIGTERM}).empty());
+    Only<StartUnmounts>(h.On(MountsDone{true, ""}));
+    CHECK(Only<ExitProcess>(h.On(UnmountsDone{})).code == 128 + SIGTERM);
+  }
+}
+
+TEST_CASE("mounting past its deadline is cancelled; a worker that never returns does not hang the run") {
+  Harness h(MountOptions());
+  h.On(StartEvent{});
+  Only<CancelMounts>(h.Advance(120s));
+  CHECK(h.machine.phase() == Phase::kMounting);
+  CHECK(h.machine.exit_code() == 72);
+  // Cancelled: its own (cancellation) error is not logged as a second failure.
+  Only<StartUnmounts>(h.On(MountsDone{false, "cancelled"}));
+  CHECK(std::count_if(h.events.begin(), h.events.end(), [](auto& e) { return e.event == "mount.failed"; }) == 1);
+
+  Harness stuck(MountOptions());
+  stuck.On(StartEvent{});
+  stuck.Advance(120s);
+  Only<RunOnExit>(stuck.Advance(10s));  // nothing to unmount that it knows of
+  CHECK(stuck.Logged("mount.stuck"));
+}
+
+TEST_CASE("an unmount that hangs past its deadline does not keep the VM up") {
+  auto o = MountOptions();
+  o.sync = false;
+  Harness h(o);
+  h.On(StartEvent{});
+  Only<SpawnTrainer>(h.On(MountsDone{true, ""}));
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 1, 0});
+  Only<StartUnmounts>(h.On(LeftoversGone{}));
+  Only<RunOnExit>(h.Advance(60s));
+  CHECK(h.Logged("mount.unmount_timeout"));
+}
+
+TEST_CASE("SIGTERM during a hold unmounts before exiting") {
+  auto o = MountOptions();
+  o.sync = false;
+  o.on_failure_hold = 10min;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(MountsDone{true, ""});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 3, 0});
+  h.On(LeftoversGone{});
+  REQUIRE(h.machine.phase() == Phase::kHolding);
+  Only<StartUnmounts>(h.On(StopSignal{SIGTERM}));
+  CHECK(Only<ExitProcess>(h.On(UnmountsDone{})).code == 3);
+}
+
+TEST_CASE("the power button's SIGTERM right after preempted=TRUE does not cut the trainer's stop-timeout") {
+  Harness h;
+  h.StartRunning();
+  CHECK(Only<SignalTrainer>(h.On(PreemptionNotice{})).signo == SIGINT);
+  // systemd stops spotvisor because GCE pressed the power button.
+  CHECK(h.On(StopSignal{SIGTERM}).empty());
+  CHECK(h.Logged("signal.ignored"));
+  CHECK(h.machine.stop_signal() == SIGINT);
+  // The ladder goes on as scheduled...
+  CHECK(Only<SignalTrainer>(h.Advance(20s)).signo == SIGTERM);
+  // ...and a second signal still means "stop faster".
+  CHECK(Only<SignalTrainer>(h.On(StopSignal{SIGTERM})).signo == SIGKILL);
+  h.On(TrainerExited{100, 0, SIGKILL});
+  h.On(LeftoversGone{});
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+  // The system is already going down: no on-exit on top.
+  CHECK(h.Logged("shutdown.skipped"));
+  CHECK(h.machine.phase() == Phase::kDone);
+}
+
+TEST_CASE("SIGTERM first, then preempted=TRUE: still reported as a preemption, no on-exit") {
+  Harness h;
+  h.StartRunning();
+  CHECK(Only<SignalTrainer>(h.On(StopSignal{SIGTERM})).signo == SIGINT);
+  CHECK(h.On(PreemptionNotice{}).empty());
+  h.On(TrainerExited{100, 0, SIGINT});
+  Only<ExitProcess>(h.On(LeftoversGone{}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
 }  // namespace
 }  // namespace spotvisor

@@ -115,6 +115,10 @@ class Supervisor::OutputPump {
 
 namespace {
 
+// How long the FUSE daemon may take to exit after its unmount (its last
+// uploads); the unmounting phase adds a margin for the block devices.
+constexpr std::chrono::milliseconds kUnmountWait{60'000};
+
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
@@ -129,6 +133,11 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.maintenance_stop_lead = c.maintenance_stop_lead;
   o.preemption_stop_lead = c.preemption_stop_lead;
   o.on_failure_hold = c.on_failure_hold;
+  o.mounts = !c.dataset_disk.empty() || !c.scratch_disk.empty() || !c.bucket_mount.empty();
+  // Each step waits up to mount-timeout; formatting a scratch disk may take
+  // minutes more.
+  o.mount_timeout = 3 * c.mount_timeout + std::chrono::minutes(10);
+  o.unmount_timeout = kUnmountWait + std::chrono::seconds(30);
   return o;
 }
 
@@ -284,6 +293,12 @@ void Supervisor::Execute(const Action& a) {
     }
   } else if (auto* l = std::get_if<struct SignalLeftovers>(&a)) {
     SignalLeftovers(l->signo);
+  } else if (std::holds_alternative<struct StartMounts>(a)) {
+    StartMounts();
+  } else if (std::holds_alternative<CancelMounts>(a)) {
+    if (options_.mount_sleeper) options_.mount_sleeper->Cancel();
+  } else if (std::holds_alternative<struct StartUnmounts>(a)) {
+    StartUnmounts();
   } else if (std::holds_alternative<struct RunOnExit>(a)) {
     RunOnExit();
   } else if (auto* x = std::get_if<ExitProcess>(&a)) {
@@ -380,6 +395,40 @@ void Supervisor::StartRestore() {
       }
       Dispatch(RestoreDone{true, r->done, r->resumed, ""});
     });
+  });
+}
+
+void Supervisor::StartMounts() {
+  auto mounts = options_.mounts;
+  if (!mounts) {
+    asio::post(io_, [this] { Dispatch(MountsDone{false, "internal: mounts configured but no mount manager"}); });
+    return;
+  }
+  mounts->set_on_fuse_exit([this](pid_t pid, int status) {
+    asio::post(io_, [this, pid, status] {
+      if (options_.mounts->unmounting()) return;
+      // Reads and writes under the mount now fail with "transport endpoint
+      // is not connected"; the trainer will see errors of its own.
+      logger_.Error("mount.fuse_died",
+                    fmt::format("the {} process (pid {}) mounting {} {} during the run: files under {} cannot be read or "
+                                "written any more",
+                                options_.config.mount_driver, pid, options_.config.bucket, DescribeWaitStatus(status),
+                                options_.config.bucket_mount),
+                    {{"pid", pid}, {"driver", options_.config.mount_driver}, {"dir", options_.config.bucket_mount}});
+    });
+  });
+  workers_.emplace_back([this, mounts] {
+    Status s = mounts->MountAll();
+    asio::post(io_, [this, s] { Dispatch(MountsDone{s.ok(), s.message()}); });
+  });
+}
+
+void Supervisor::StartUnmounts() {
+  auto mounts = options_.mounts;
+  workers_.emplace_back([this, mounts] {
+    std::vector<std::string> problems;
+    if (mounts) problems = mounts->UnmountAll();
+    asio::post(io_, [this, problems] { Dispatch(UnmountsDone{problems}); });
   });
 }
 
@@ -480,10 +529,7 @@ void Supervisor::OnSignal(int signo) {
 // waitpid(-1) until nothing is left to collect: as a subreaper we also
 // inherit every orphaned grandchild, and each must be reaped.
 void Supervisor::Reap() {
-  for (;;) {
-    int status = 0;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) break;
+  options_.children->ReapAll([this](pid_t pid, int status) {
     if (pid == trainer_pid_) {
       trainer_reaped_ = true;
       for (auto& p : pumps_) p->DrainNow(OutputPump::kReadsAtExit);
@@ -494,7 +540,7 @@ void Supervisor::Reap() {
       on_exit_pid_ = 0;
       Dispatch(OnExitDone{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)});
     }
-  }
+  });
   CheckLeftoversGone();
 }
 
@@ -503,14 +549,22 @@ void Supervisor::CheckLeftoversGone() {
     Dispatch(GroupEmpty{});
   }
   if (machine_.phase() != Phase::kDraining) return;
-  // ECHILD: no children at all, so nothing the trainer started survives.
-  if (waitpid(-1, nullptr, WNOHANG) < 0 && errno == ECHILD) Dispatch(LeftoversGone{});
+  // No children but our own helpers (the FUSE daemon), so nothing the trainer
+  // started survives.
+  for (pid_t p : ListChildren()) {
+    if (!IsOurHelper(p)) return;
+  }
+  Dispatch(LeftoversGone{});
+}
+
+bool Supervisor::IsOurHelper(pid_t pid) const {
+  return options_.mounts && pid > 0 && pid == options_.mounts->fuse_pid();
 }
 
 void Supervisor::SignalLeftovers(int signo) {
   std::vector<pid_t> pids;
   for (pid_t p : ListChildren()) {
-    if (p != on_exit_pid_) pids.push_back(p);
+    if (p != on_exit_pid_ && !IsOurHelper(p)) pids.push_back(p);
   }
   if (!pids.empty()) {
     logger_.Warn("trainer.leftovers",

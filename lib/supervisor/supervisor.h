@@ -23,6 +23,9 @@
 #include "metadata/guest_attributes.h"
 #include "sync/sync_engine.h"
 #include "notify/service_notifier.h"
+#include "mount/mount_manager.h"
+#include "process/children.h"
+#include "retry/sleeper.h"
 
 namespace spotvisor {
 
@@ -40,6 +43,12 @@ struct SupervisorOptions {
   std::shared_ptr<GuestAttributesWriter> guest_attributes;
   // systemd's notify socket (Type=notify); null when not under systemd.
   std::shared_ptr<ServiceNotifier> notifier;
+  // Every child spawned off the loop (mkfs, the FUSE daemon) is registered
+  // here; the supervisor reaps through it. Never null.
+  std::shared_ptr<ChildRegistry> children = std::make_shared<ChildRegistry>();
+  // Null when nothing is to be mounted; mount_sleeper cuts its waits short.
+  std::shared_ptr<MountManager> mounts;
+  std::shared_ptr<CancellableSleeper> mount_sleeper;
 };
 
 class Supervisor {
@@ -68,6 +77,8 @@ class Supervisor {
   void Reap();
   void SpawnTrainer(bool resumed, int restart_count);
   void SignalLeftovers(int signo);
+  // Children that are not the trainer's: the FUSE daemon.
+  bool IsOurHelper(pid_t pid) const;
   void RunOnExit();
   void RunPoweroff();
   OnExit OnExitFor(EndReason reason) const;
@@ -82,6 +93,8 @@ class Supervisor {
   // Restore and sync block on the network: they run on threads of their own
   // and post their result back to the loop.
   void StartRestore();
+  void StartMounts();
+  void StartUnmounts();
   void StartSync(const std::string& kind, bool final, bool write_done);
   void ArmSyncTimer();
   void ArmIdleTimer();

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import subprocess
 import unittest
 
 from harness import SpotvisorTestCase, FAKE_TRAINER, wait_until
@@ -126,6 +127,31 @@ class FileSyncTest(SpotvisorTestCase):
         self.assertEqual(self.marker_lines(), [])
         self.assertEqual(p.wait_event("run.end")["reason"], "restore-failed")
         self.assertIn("m", p.wait_event("restore.failed")["error"])
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to mount a small tmpfs")
+    def test_a_disk_too_small_for_the_checkpoint_fails_the_restore_loudly(self):
+        # A checkpoint of 3 MiB in the bucket, restored onto a 1 MiB disk.
+        os.makedirs(self.path("ckpt1"))
+        with open(self.path("ckpt1/weights.bin"), "wb") as f:
+            f.write(os.urandom(3 * 1024 * 1024))
+        # A failed run: its checkpoint is synced, but no DONE.
+        p = self.vm(["--run-for", "10", "--exit-code", "1"], ckpt="ckpt1")
+        self.assertEqual(p.wait_exit(), 1)
+        small = self.path("small")
+        os.makedirs(small)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "small", small], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", small])
+        p2 = self.vm(["--marker-file", self.path("marker")], ckpt="small")
+        self.assertEqual(p2.wait_exit(), 74)
+        failed = p2.wait_event("restore.failed")
+        self.assertIn("No space left on device", failed["error"])
+        self.assertIn("weights.bin", failed["error"])
+        self.assertFalse(p2.find("trainer.start"), "never a fresh start after a failed restore")
+        self.assertEqual(self.marker_lines(), [])
+        # Nothing half-written is left where the trainer would find it.
+        self.assertNotIn("weights.bin", os.listdir(small))
+        # The bucket still holds the complete checkpoint.
+        self.assertEqual([f["path"] for f in self.manifest()["files"]], ["weights.bin"])
 
     def test_the_sync_command_asks_the_daemon_and_reports(self):
         import subprocess

@@ -1,0 +1,383 @@
+"""Issue #4 through the real binary, with real mounts (needs root): ext4
+images on loop devices behind by-id style links in /dev/disk/by-id, and a
+real FUSE mount of the fake GCS server by rclone.
+
+Every test uses its own device names (sv-<random>) and its own directories,
+and tearDown detaches whatever a failing test left behind."""
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import unittest
+import uuid
+
+from harness import SpotvisorTestCase, wait_until, pid_alive, WAIT
+
+BY_ID = "/dev/disk/by-id"
+RCLONE = shutil.which("rclone")
+CAN_MOUNT = os.geteuid() == 0 and os.path.exists("/dev/loop-control")
+CAN_FUSE = CAN_MOUNT and os.path.exists("/dev/fuse") and shutil.which("fusermount3") and RCLONE
+
+
+def run(*argv, **kw):
+    return subprocess.run(list(argv), check=True, capture_output=True, text=True, **kw).stdout.strip()
+
+
+def mounted_at(path):
+    """Mount entries at exactly path, from this (the host's) mount table."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mp = fields[4].encode().decode("unicode_escape")
+            if mp == path:
+                dash = fields.index("-")
+                out.append({"fstype": fields[dash + 1], "source": fields[dash + 2], "options": fields[5]})
+    return out
+
+
+@unittest.skipUnless(CAN_MOUNT, "needs root and loop devices")
+class MountTestCase(SpotvisorTestCase):
+    def setUp(self):
+        super().setUp()
+        self.loops = []
+        self.links = []
+        self.created_by_id = False
+        if not os.path.isdir(BY_ID):
+            os.makedirs(BY_ID)  # no udev here: what GCE's udev rules would create
+            self.created_by_id = True
+        self.addCleanup(self._cleanup)
+
+    def _cleanup(self):
+        for p in self.procs:
+            p.kill()
+        # Anything a failed test left mounted under our temp dir.
+        for _ in range(3):
+            with open("/proc/self/mountinfo") as f:
+                mps = [l.split()[4] for l in f if l.split()[4].startswith(self.tmp)]
+            for mp in reversed(mps):
+                subprocess.run(["umount", "-l", mp], capture_output=True)
+        for l in self.links:
+            if os.path.islink(l):
+                os.unlink(l)
+        for dev in self.loops:
+            subprocess.run(["losetup", "-d", dev], capture_output=True)
+        if self.created_by_id:
+            try:
+                os.rmdir(BY_ID)
+                os.rmdir(os.path.dirname(BY_ID))
+            except OSError:
+                pass
+
+    def image(self, name, size_mb=16, files=None, fstype="ext4", label=None):
+        """An image file; with files, an ext4 filesystem holding them (mke2fs -d, no mount)."""
+        img = self.path(name + ".img")
+        if fstype is None:
+            with open(img, "wb") as f:
+                f.truncate(size_mb * 1024 * 1024)
+            return img
+        src = self.path(name + ".src")
+        os.makedirs(src, exist_ok=True)
+        for rel, data in (files or {}).items():
+            p = os.path.join(src, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(data)
+        args = ["mke2fs", "-q", "-F", "-t", fstype, "-d", src]
+        if label:
+            args += ["-L", label]
+        run(*args, img, f"{size_mb}M")
+        return img
+
+    def attach(self, img, read_only=False):
+        args = ["losetup", "--find", "--show"] + (["--read-only"] if read_only else []) + [img]
+        dev = run(*args)
+        self.loops.append(dev)
+        return dev
+
+    def link(self, dev, name):
+        path = os.path.join(BY_ID, name)
+        os.symlink(dev, path)
+        self.links.append(path)
+        return path
+
+    def disk_name(self):
+        return "sv-" + uuid.uuid4().hex[:10]
+
+    def job(self, script, sets, env=None):
+        """spotvisor run with a shell-script trainer; sets are --set KEY=VALUE."""
+        args = ["run"] + self.base_sets(**sets) + ["--", "/bin/sh", "-c", script]
+        return self.start(args, env=env)
+
+
+class DatasetDiskTest(MountTestCase):
+    def dataset(self, read_only=False, link_style="google-{}"):
+        img = self.image("dataset", files={"train/a.txt": b"hello dataset\n"})
+        dev = self.attach(img, read_only)
+        name = self.disk_name()
+        self.link(dev, link_style.format(name))
+        return name, dev
+
+    def test_mounted_read_only_by_device_name_and_unmounted_at_the_end(self):
+        name, dev = self.dataset()
+        mnt = self.path("dataset")
+        p = self.job('cat "$SPOTVISOR_DATASET_DIR/train/a.txt"; '
+                     'touch "$SPOTVISOR_DATASET_DIR/x" 2>/dev/null && echo WRITABLE || echo READONLY',
+                     {"dataset-disk": name, "dataset-dir": mnt})
+        self.assertEqual(p.wait_exit(), 0, p.raw[-20:])
+        out = [e["message"] for e in p.find("trainer.output")]
+        self.assertIn("hello dataset", out)
+        self.assertIn("READONLY", out)
+        done = p.wait_event("mount.done", what="dataset")
+        self.assertEqual(done["fstype"], "ext4")
+        self.assertTrue(done["options"].startswith("ro"), done)
+        self.assertTrue(done["device"].endswith("google-" + name), done)
+        # Before the trainer, undone after it.
+        kinds = [e["event"] for e in p.events]
+        self.assertLess(kinds.index("mount.done"), kinds.index("trainer.start"))
+        self.assertLess(kinds.index("trainer.exit"), kinds.index("mount.unmounted"))
+        self.assertEqual(mounted_at(mnt), [], "nothing spotvisor mounted is left mounted")
+
+    def test_a_read_only_disk_whose_journal_needs_recovery_still_mounts(self):
+        img = self.image("dataset", files={"a.txt": b"x"})
+        run("debugfs", "-w", "-R", "feature needs_recovery", img)
+        dev = self.attach(img, read_only=True)  # attached mode=ro, as the seed does
+        name = self.disk_name()
+        self.link(dev, "google-" + name)
+        # Evidence that the image really needs recovery: a plain ro mount fails.
+        probe = self.path("probe")
+        os.makedirs(probe)
+        plain = subprocess.run(["mount", "-t", "ext4", "-o", "ro", dev, probe], capture_output=True, text=True)
+        if plain.returncode == 0:
+            subprocess.run(["umount", probe])
+        self.assertNotEqual(plain.returncode, 0, "the image should need journal recovery")
+        p = self.job('ls "$SPOTVISOR_DATASET_DIR"', {"dataset-disk": name, "dataset-dir": self.path("dataset")})
+        self.assertEqual(p.wait_exit(), 0, p.raw[-20:])
+        self.assertIn("noload", p.wait_event("mount.done")["options"])
+        self.assertIn("a.txt", [e["message"] for e in p.find("trainer.output")])
+
+    def test_the_kernels_own_name_works_without_googles_udev_rules(self):
+        name, _ = self.dataset(link_style="scsi-0Google_PersistentDisk_{}")
+        p = self.job("true", {"dataset-disk": name, "dataset-dir": self.path("dataset")})
+        self.assertEqual(p.wait_exit(), 0, p.raw[-20:])
+        self.assertIn("scsi-0Google_PersistentDisk_" + name, p.wait_event("mount.done")["device"])
+
+    def test_a_device_that_appears_late_is_waited_for(self):
+        img = self.image("dataset", files={"a.txt": b"x"})
+        dev = self.attach(img)
+        name = self.disk_name()
+        p = self.job('ls "$SPOTVISOR_DATASET_DIR"', {"dataset-disk": name, "dataset-dir": self.path("dataset"),
+                                                     "mount-timeout": "30s"})
+        waiting = p.wait_event("mount.waiting")
+        self.assertIn(os.path.join(BY_ID, "google-" + name), waiting["looked_for"])
+        self.link(dev, "google-" + name)  # udev, late
+        self.assertEqual(p.wait_exit(), 0, p.raw[-20:])
+
+    def test_a_missing_device_fails_after_the_timeout_naming_what_was_looked_for(self):
+        name = self.disk_name()
+        p = self.job("echo SHOULD-NOT-RUN", {"dataset-disk": name, "dataset-dir": self.path("dataset"),
+                                             "mount-timeout": "1s"})
+        self.assertEqual(p.wait_exit(), 72)
+        failed = p.wait_event("mount.failed")
+        self.assertIn(f"google-{name}", failed["message"])
+        self.assertIn(f"scsi-0Google_PersistentDisk_{name}", failed["message"])
+        self.assertIn(f"device-name={name}", failed["message"])
+        self.assertEqual(p.wait_event("run.end")["reason"], "mount-failed")
+        self.assertFalse(p.find("trainer.start"))
+
+    def test_a_disk_without_a_filesystem_is_refused_not_formatted(self):
+        img = self.image("blank", fstype=None)
+        dev = self.attach(img)
+        name = self.disk_name()
+        self.link(dev, "google-" + name)
+        p = self.job("echo SHOULD-NOT-RUN", {"dataset-disk": name, "dataset-dir": self.path("dataset")})
+        self.assertEqual(p.wait_exit(), 72)
+        self.assertIn("has no filesystem", p.wait_event("mount.failed")["message"])
+        with open(img, "rb") as f:
+            self.assertEqual(f.read(1 << 20).count(0), 1 << 20, "the disk was not written to")
+
+    def test_already_mounted_there_is_reused_and_left_alone(self):
+        name, dev = self.dataset()
+        mnt = self.path("dataset")
+        os.makedirs(mnt)
+        run("mount", "-o", "ro", dev, mnt)
+        p = self.job('cat "$SPOTVISOR_DATASET_DIR/train/a.txt"', {"dataset-disk": name, "dataset-dir": mnt})
+        self.assertEqual(p.wait_exit(), 0, p.raw[-20:])
+        p.wait_event("mount.reused")
+        p.wait_event("mount.left")
+        self.assertEqual(len(mounted_at(mnt)), 1, "a mount spotvisor did not make is left mounted")
+
+    def test_something_else_mounted_there_is_refused(self):
+        name, _ = self.dataset()
+        mnt = self.path("dataset")
+        os.makedirs(mnt)
+        run("mount", "-t", "tmpfs", "-o", "size=1m", "other", mnt)
+        p = self.job("echo SHOULD-NOT-RUN", {"dataset-disk": name, "dataset-dir": mnt})
+        self.assertEqual(p.wait_exit(), 72)
+        self.assertIn("refusing to mount over it", p.wait_event("mount.failed")["message"])
+        self.assertEqual([m["fstype"] for m in mounted_at(mnt)], ["tmpfs"], "the other mount is untouched")
+
+    def test_rw_in_dataset_mount_options_is_a_config_error(self):
+        p = self.job("true", {"dataset-disk": "data", "dataset-mount-options": "rw,noatime"})
+        self.assertEqual(p.wait_exit(), 78)
+        self.assertIn("read-only", p.wait_event("config.error")["message"])
+
+
+class ScratchDiskTest(MountTestCase):
+    def test_a_blank_disk_is_formatted_mounted_and_given_to_the_trainer(self):
+        dev = self.attach(self.image("scratch", size_mb=32, fstype=None))
+        name = self.disk_name()
+        self.link(dev, "google-" + name)
+        mnt = self.path("scratch")
+        ckpt = os.path.join(mnt, "ckpt")
+        p = self.job('echo data > "$SPOTVISOR_CHECKPOINT_DIR/c1" && echo "scratch=$SPOTVISOR_SCRATCH_DIR" && '
+                     'stat -c %U "$SPOTVISOR_SCRATCH_DIR"',
+                     {"scratch-disk": name, "scratch-dir": mnt, "checkpoint-dir": ckpt})
+        self.assertEqual(p.wait_exit(), 0, p.raw[-20:])
+        self.assertTrue(p.wait_event("mount.done", what="scratch")["formatted"])
+        p.wait_event("mount.formatting")
+        self.assertIn(f"scratch={mnt}", [e["message"] for e in p.find("trainer.output")])
+        self.assertEqual(mounted_at(mnt), [])
+        # The checkpoint landed on the scratch filesystem, not under the mount point.
+        self.assertFalse(os.path.exists(ckpt), "checkpoint-dir was created after the mount, on the disk")
+        self.assertEqual(run("blkid", "-o", "value", "-s", "LABEL", dev), "sv-scratch")
+        self.assertIn("c1", run("debugfs", "-R", "ls -l /ckpt", dev))
+
+        # A second boot with the same disk: our own filesystem is mounted as it is.
+        p2 = self.job('cat "$SPOTVISOR_CHECKPOINT_DIR/c1"', {"scratch-disk": name, "scratch-dir": mnt, "checkpoint-dir": ckpt})
+        self.assertEqual(p2.wait_exit(), 0, p2.raw[-20:])
+        self.assertFalse(p2.wait_event("mount.done", what="scratch")["formatted"])
+        self.assertIn("data", [e["message"] for e in p2.find("trainer.output")])
+
+    def test_a_disk_with_someone_elses_filesystem_is_never_formatted(self):
+        img = self.image("scratch", files={"precious.txt": b"keep me"}, label="users-data")
+        dev = self.attach(img)
+        name = self.disk_name()
+        self.link(dev, "google-" + name)
+        before = run("blkid", "-o", "value", "-s", "UUID", dev)
+        p = self.job("echo SHOULD-NOT-RUN", {"scratch-disk": name, "scratch-dir": self.path("scratch")})
+        self.assertEqual(p.wait_exit(), 72)
+        msg = p.wait_event("mount.failed")["message"]
+        self.assertIn("not formatting it", msg)
+        self.assertIn("users-data", msg)
+        self.assertFalse(p.find("mount.formatting"))
+        self.assertEqual(run("blkid", "-o", "value", "-s", "UUID", dev), before)
+        self.assertIn("precious.txt", run("debugfs", "-R", "ls /", dev))
+
+
+@unittest.skipUnless(CAN_FUSE, "needs root, /dev/fuse, fusermount3 (fuse3) and rclone")
+class BucketMountTest(MountTestCase):
+    BUCKET = "results"
+
+    def setUp(self):
+        super().setUp()
+        from fake_gcs import FakeGcsServer
+        self.gcs = FakeGcsServer(buckets=[self.BUCKET]).start()
+        self.addCleanup(self.gcs.stop)
+        self.gcs_env = {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{self.gcs.port}"}
+
+    def names(self, prefix=""):
+        return sorted(o["name"] for o in self.gcs.objects(self.BUCKET, prefix))
+
+    def test_a_file_the_trainer_writes_is_an_object_after_the_unmount(self):
+        mnt = self.path("result")
+        p = self.job('mkdir -p "$SPOTVISOR_OUTPUT_DIR/out" && echo "final model" > "$SPOTVISOR_OUTPUT_DIR/out/model.txt"',
+                     {"bucket": f"gs://{self.BUCKET}/exp", "bucket-mount": mnt, "mount-driver": "rclone",
+                      "sync-interval": "0"}, env=self.gcs_env)
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-30:]))
+        start = p.wait_event("mount.fuse_start")
+        self.assertEqual(start["argv"][:2], ["rclone", "mount"])
+        unmounted = p.wait_event("mount.unmounted", what="bucket")
+        self.assertEqual(mounted_at(mnt), [])
+        self.assertFalse(pid_alive(start["pid"]), "the FUSE process is gone")
+        self.assertIn("out/model.txt", self.names("out/"))
+        self.assertEqual(self.gcs.get_object_bytes(self.BUCKET, "out/model.txt"), b"final model\n")
+        # The order: mount before the trainer, unmount after the final sync.
+        kinds = [e["event"] for e in p.events]
+        self.assertLess(kinds.index("mount.done"), kinds.index("trainer.start"))
+        self.assertLess(kinds.index("sync.complete"), kinds.index("mount.unmounted"))
+        self.assertLess(kinds.index("mount.unmounted"), kinds.index("run.end") if False else len(kinds))
+        self.assertIsNotNone(unmounted)
+
+    def test_the_fuse_process_dying_mid_run_is_an_error_event(self):
+        mnt = self.path("result")
+        p = self.job("sleep 60", {"bucket": f"gs://{self.BUCKET}", "bucket-mount": mnt, "mount-driver": "rclone",
+                                  "sync-interval": "0", "stop-timeout": "2s"}, env=self.gcs_env)
+        pid = p.wait_event("mount.done", what="bucket")["pid"]
+        p.wait_event("trainer.start")
+        os.kill(pid, signal.SIGKILL)
+        died = p.wait_event("mount.fuse_died")
+        self.assertEqual(died["severity"], "ERROR")
+        self.assertEqual(died["pid"], pid)
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+        self.assertEqual(mounted_at(mnt), [], "the dead mount was still taken off")
+
+    def test_a_missing_driver_binary_is_named(self):
+        p = self.job("echo SHOULD-NOT-RUN", {"bucket": f"gs://{self.BUCKET}", "bucket-mount": self.path("result"),
+                                             "mount-driver": "gcsfuse"},
+                     env=dict(self.gcs_env, PATH="/usr/bin:/bin"))
+        self.assertEqual(p.wait_exit(), 72)
+        self.assertIn("gcsfuse is not installed", p.wait_event("mount.failed")["message"])
+
+    def test_a_missing_bucket_fails_the_mount_before_the_driver_starts(self):
+        p = self.job("echo SHOULD-NOT-RUN", {"bucket": "gs://no-such-bucket", "bucket-mount": self.path("result"),
+                                             "mount-driver": "rclone", "mount-timeout": "20s"}, env=self.gcs_env)
+        code = p.wait_exit(60)
+        self.assertEqual(code, 72, "".join(p.raw[-30:]))
+        failed = p.wait_event("mount.failed")["message"]
+        self.assertIn("cannot mount the bucket: bucket gs://no-such-bucket does not exist", failed)
+        self.assertFalse(p.find("mount.fuse_start"), "rclone would have mounted it regardless")
+        self.assertFalse(p.find("trainer.start"))
+        self.assertEqual(mounted_at(self.path("result")), [])
+
+    def test_gcsfuse_stand_in_command_line_and_lifecycle(self):
+        """gcsfuse cannot be installed here: a stand-in named gcsfuse records
+        the command line spotvisor gives it and serves the mount with rclone,
+        so readiness, the trainer's writes, unmount and exit are real."""
+        bindir = self.path("bin")
+        os.makedirs(bindir)
+        record = self.path("gcsfuse.argv")
+        stand_in = os.path.join(bindir, "gcsfuse")
+        with open(stand_in, "w") as f:
+            f.write(GCSFUSE_STAND_IN.format(python=sys.executable, record=record))
+        os.chmod(stand_in, 0o755)
+        mnt = self.path("result")
+        env = dict(self.gcs_env, PATH=f"{bindir}:/usr/bin:/bin", FAKE_GCS_PORT=str(self.gcs.port))
+        p = self.job('echo out > "$SPOTVISOR_OUTPUT_DIR/gcsfuse.txt"',
+                     {"bucket": f"gs://{self.BUCKET}/exp", "bucket-mount": mnt, "sync-interval": "0"}, env=env)
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-30:]))
+        with open(record) as f:
+            argv = json.load(f)
+        self.assertEqual(argv[0], "--foreground", "gcsfuse must not daemonize under a supervisor")
+        self.assertIn("--implicit-dirs", argv)
+        self.assertEqual(argv[-2:], [self.BUCKET, mnt])
+        self.assertIn("--anonymous-access", argv, "STORAGE_EMULATOR_HOST turns authentication off")
+        self.assertEqual(argv[argv.index("--uid") + 1], str(os.getuid()))
+        self.assertIn("allow_other", argv)
+        self.assertEqual(self.gcs.get_object_bytes(self.BUCKET, "gcsfuse.txt"), b"out\n")
+        self.assertEqual(mounted_at(mnt), [])
+
+
+# Records argv, then mounts with rclone (same bucket, same directory) in the foreground.
+GCSFUSE_STAND_IN = '''#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open("{record}", "w") as f:
+    json.dump(args, f)
+bucket, mnt = args[-2], args[-1]
+env = dict(os.environ,
+           RCLONE_CONFIG_STANDIN_TYPE="google cloud storage",
+           RCLONE_CONFIG_STANDIN_ANONYMOUS="true",
+           RCLONE_CONFIG_STANDIN_BUCKET_POLICY_ONLY="true",
+           RCLONE_CONFIG_STANDIN_ENDPOINT="http://127.0.0.1:" + os.environ["FAKE_GCS_PORT"] + "/storage/v1/")
+os.execvpe("rclone", ["rclone", "mount", "standin:" + bucket, mnt, "--allow-other",
+                      "--vfs-cache-mode", "writes", "--vfs-write-back", "0s"], env)
+'''
+
+
+if __name__ == "__main__":
+    unittest.main()
