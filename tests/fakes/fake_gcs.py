@@ -4,7 +4,8 @@
 Speaks the Cloud Storage JSON API subset described in
 /work/shared/REFERENCE.md ("Cloud Storage JSON API") over loopback: media,
 multipart and resumable uploads, listing, object metadata, downloads (with
-Range), deletes and generation preconditions. A control API under /_fake/
+Range), deletes, server-side copy and rewrite (multi-call with rewrite
+tokens) and generation preconditions. A control API under /_fake/
 on the same port lets tests seed data, inject faults and observe exactly
 what the client did. Point clients at it with
 STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT.
@@ -22,9 +23,9 @@ or as a script:
     fake_gcs.py ctl --port PORT objects ckpt
 
 Needs Debian's /usr/bin/python3 (3.11) with python3-crcmod (the C extension
-computes CRC32C); nothing else outside the standard library. See
-README_gcs.md next to this file for the contract and the deviations from
-the real service.
+computes CRC32C); nothing else outside the standard library. See the
+"fake_gcs.py" section of README.md next to this file for the contract and
+the deviations from the real service.
 """
 
 import argparse
@@ -72,8 +73,8 @@ FAULT_MODES = ("none", "status", "reset_before", "reset_mid_body",
                "reset_after", "slow")
 UPLOAD_TYPES = ("media", "multipart", "resumable", "chunk", "query")
 KINDS = UPLOAD_TYPES + ("cancel", "download", "get", "list", "delete",
-                        "bucket", "buckets", "unsupported", "invalid",
-                        "unknown")
+                        "copy", "rewrite", "bucket", "buckets",
+                        "unsupported", "invalid", "unknown")
 # Request headers copied into log entries (Authorization never is: the log
 # records the auth outcome instead).
 LOG_HEADERS = ("Content-Type", "Content-Length", "Transfer-Encoding",
@@ -103,6 +104,22 @@ STORED_FIELDS = ("contentEncoding", "contentDisposition", "contentLanguage",
                  "cacheControl", "customTime")
 PRECONDITIONS = ("ifGenerationMatch", "ifGenerationNotMatch",
                  "ifMetagenerationMatch", "ifMetagenerationNotMatch")
+# copy/rewrite: preconditions on the source object, by the name of the
+# destination-style check they map to.
+SOURCE_PRECONDITIONS = {"ifSourceGenerationMatch": "ifGenerationMatch",
+                        "ifSourceGenerationNotMatch": "ifGenerationNotMatch",
+                        "ifSourceMetagenerationMatch":
+                            "ifMetagenerationMatch",
+                        "ifSourceMetagenerationNotMatch":
+                            "ifMetagenerationNotMatch"}
+# A rewrite continued with rewriteToken may repeat these parameters of the
+# first call, but only with the same values.
+REWRITE_FIXED_PARAMS = (PRECONDITIONS + tuple(SOURCE_PRECONDITIONS)
+                        + ("sourceGeneration", "destinationPredefinedAcl",
+                           "destinationKmsKeyName"))
+REWRITE_UNIT = 1 << 20         # maxBytesRewrittenPerCall: multiples of 1 MiB
+NOT_IMPLEMENTED_HINT = ("see the fake_gcs.py section of "
+                        "tests/fakes/README.md")
 
 _CRC32C = crcmod.predefined.Crc("crc-32c")  # template; .new() is cheap
 _CONTENT_RANGE = re.compile(r"bytes (?:(\*)|(\d+)-(\d+))/(\*|\d+)")
@@ -482,14 +499,25 @@ class _Session:
                                if self.result is not None else None)}
 
 
+class _Rewrite:
+    """A multi-call objects.rewrite: what the first call asked for. Each
+    rewriteToken maps to (job, bytes done), so a token can be replayed."""
+
+    __slots__ = ("src", "dst_bucket", "dst_name", "content_type", "fields",
+                 "pre", "params", "body", "step")
+
+
 class _Route:
     """What a request is, decided from its line and headers (+ body)."""
 
-    __slots__ = ("kind", "bucket", "object", "upload_id", "what", "error")
+    __slots__ = ("kind", "bucket", "object", "upload_id", "what", "error",
+                 "dst_bucket", "dst_object")
 
     def __init__(self, kind="unknown"):
         self.kind = kind
         self.bucket = self.object = self.upload_id = None
+        # copy/rewrite: bucket/object are the source, these the destination
+        self.dst_bucket = self.dst_object = None
         self.what = None     # for 'unsupported': what is not implemented
         self.error = None    # for 'invalid': the GcsError to answer
 
@@ -558,6 +586,8 @@ class FakeGcsServer:
         self._changed = threading.Condition(self._lock)
         self._buckets = {}
         self._sessions = {}
+        self._rewrites = {}       # rewriteToken -> (_Rewrite, bytes done)
+        self._rewrite_limit = None
         self._faults = []
         self._fault_epoch = 0     # bumped when the rules are replaced
         self._stopping = False
@@ -702,6 +732,7 @@ class FakeGcsServer:
             else:
                 self._buckets.clear()
             self._sessions.clear()
+            self._rewrites.clear()
             self._faults.clear()
             self._log.clear()
             self._hits.clear()
@@ -712,6 +743,32 @@ class FakeGcsServer:
         """Require 'Authorization: Bearer TOKEN' (None = auth off)."""
         with self._lock:
             self._require_token = token or None
+
+    def set_rewrite_limit(self, nbytes):
+        """Make every objects.rewrite call copy at most nbytes (None = no
+        limit), as real GCS does for large or cross-location rewrites:
+        clients then get done=false and a rewriteToken and must loop. A
+        maxBytesRewrittenPerCall in the request applies too (the smaller
+        wins). Kept across reset()."""
+        if nbytes is not None and (not isinstance(nbytes, int)
+                                   or isinstance(nbytes, bool)
+                                   or nbytes < 1):
+            raise FakeError(400, "the rewrite limit must be a positive "
+                                 "integer (bytes) or null")
+        with self._lock:
+            self._rewrite_limit = nbytes
+
+    def rewrites(self):
+        """Rewrite tokens issued: token, source, source_generation,
+        destination, done (bytes), size. Tokens stay valid (replayable)
+        until reset()."""
+        with self._lock:
+            items = list(self._rewrites.items())
+        return [{"token": t, "source": f"{j.src.bucket}/{j.src.name}",
+                 "source_generation": j.src.generation,
+                 "destination": f"{j.dst_bucket}/{j.dst_name}",
+                 "done": done, "size": len(j.src.data)}
+                for t, (j, done) in items]
 
     # ------------------------------------------------------------ faults
     def fault(self, mode="none", *, add=False, **params):
@@ -725,8 +782,10 @@ class FakeGcsServer:
         fault("none")                       # clear every rule
 
         Matchers (all optional, all must hold): method, path_prefix (raw
-        request path), bucket, object_prefix (object name), upload_type
-        (media/multipart/resumable/chunk/query), kind (any request kind).
+        request path), bucket, object_prefix (object name; copy/rewrite
+        match on their source or their destination), upload_type
+        (media/multipart/resumable/chunk/query), kind (any request kind,
+        e.g. copy, rewrite).
         count=N: the rule applies to the next N matching requests, then
         goes away. add=True appends the rule (the first matching rule
         wins); otherwise it replaces all rules. Replacing or clearing the
@@ -804,11 +863,13 @@ class FakeGcsServer:
             return False
         if "path_prefix" in f and not path.startswith(f["path_prefix"]):
             return False
-        if "bucket" in f and route.bucket != f["bucket"]:
+        # copy/rewrite match on their source or their destination.
+        if "bucket" in f and f["bucket"] not in (route.bucket,
+                                                 route.dst_bucket):
             return False
-        if "object_prefix" in f and (route.object is None or
-                                     not route.object.startswith(
-                                         f["object_prefix"])):
+        if "object_prefix" in f and not any(
+                o is not None and o.startswith(f["object_prefix"])
+                for o in (route.object, route.dst_object)):
             return False
         if "upload_type" in f and route.kind != f["upload_type"]:
             return False
@@ -944,6 +1005,8 @@ class FakeGcsServer:
                  "headers": selected, "body_size": body_size,
                  "kind": route.kind, "bucket": route.bucket,
                  "object": route.object, "upload_id": route.upload_id,
+                 "dst_bucket": route.dst_bucket,
+                 "dst_object": route.dst_object,
                  "time": t0, "status": None}
         with self._lock:
             self._log.append(entry)
@@ -1091,19 +1154,37 @@ class FakeGcsServer:
                 return _Route()
             if tail.startswith("o/"):
                 name_raw = tail[2:]
+                encoding_404 = GcsError(404, "Not Found (fake-gcs: object "
+                                             "names must be percent-encoded "
+                                             "in the path, '/' as %2F)")
                 if "/" in name_raw:
-                    _, _, sub = name_raw.partition("/")
+                    src_raw, _, sub = name_raw.partition("/")
+                    parts = sub.split("/")
+                    if parts[0] in ("copyTo", "rewriteTo"):
+                        r = _Route()
+                        if len(parts) > 5 and parts[1] == "b" and \
+                                parts[3] == "o":
+                            r.error = encoding_404
+                            return r
+                        if len(parts) != 5 or parts[1] != "b" or \
+                                parts[3] != "o" or not parts[2] or \
+                                method != "POST":
+                            return r
+                        r.kind = "copy" if parts[0] == "copyTo" \
+                            else "rewrite"
+                        r.bucket = bucket
+                        r.object = _unquote_strict(src_raw, "object name")
+                        r.dst_bucket = _unquote_strict(parts[2],
+                                                       "bucket name")
+                        r.dst_object = _unquote_strict(parts[4],
+                                                       "object name")
+                        return r
                     for prefix, what in (("acl", "object ACLs"),
-                                         ("compose", "compose"),
-                                         ("copyTo/", "copy"),
-                                         ("rewriteTo/", "rewrite")):
-                        if sub == prefix or sub.startswith(prefix.rstrip("/")
-                                                           + "/"):
+                                         ("compose", "compose")):
+                        if sub == prefix or sub.startswith(prefix + "/"):
                             return unsupported(what)
                     r = _Route()
-                    r.error = GcsError(404, "Not Found (fake-gcs: object "
-                                            "names must be percent-encoded "
-                                            "in the path, '/' as %2F)")
+                    r.error = encoding_404
                     return r
                 r = _Route()
                 r.bucket = bucket
@@ -1144,8 +1225,7 @@ class FakeGcsServer:
             raise route.error
         if kind == "unsupported":
             raise GcsError(501, f"fake-gcs: {route.what} is not implemented "
-                                "by this fake (see tests/fakes/"
-                                "README_gcs.md)")
+                                f"by this fake ({NOT_IMPLEMENTED_HINT})")
         if kind == "unknown":
             raise GcsError(404, "Not Found")
         handler = getattr(self, "_do_" + kind)
@@ -1356,8 +1436,8 @@ class FakeGcsServer:
                                 f"{QUANTUM} bytes, except for the final "
                                 f"request. The received request contained "
                                 f"{n} bytes, which does not meet this "
-                                "requirement (fake-gcs is strict: see "
-                                "README_gcs.md).")
+                                "requirement (fake-gcs is strict: "
+                                f"{NOT_IMPLEMENTED_HINT}).")
         if start > have:
             raise GcsError(400, "Invalid request. According to the "
                                 "Content-Range header, the upload offset is "
@@ -1423,6 +1503,160 @@ class FakeGcsServer:
     def _do_delete(self, route, req, cut):
         self._live(route, req, remove=True)
         return _Reply(204, b"", "application/json; charset=UTF-8")
+
+    # ------------------------------------------------ copy and rewrite
+    def _copy_request(self, route, req):
+        """Check a copy/rewrite request and resolve its source (the live
+        object, pinned by reference: objects are immutable). Returns a
+        _Rewrite describing the destination to write."""
+        q = req.query
+        _check_name(route.object)
+        _check_name(route.dst_object)
+        src_gen = (_int_param(q, "sourceGeneration", 0)
+                   if "sourceGeneration" in q else None)
+        src_pre = {SOURCE_PRECONDITIONS[k]: _int_param(q, k, 0)
+                   for k in SOURCE_PRECONDITIONS if k in q}
+        pre = _preconditions(q)
+        meta = self._copy_body(req.body)
+        stored, expected = _metadata_fields(meta)
+        with self._lock:
+            sb = self._buckets.get(route.bucket)
+            db = self._buckets.get(route.dst_bucket)
+            if sb is None or db is None:
+                raise GcsError(404, "The specified bucket does not exist.")
+            src = sb.objects.get(route.object)
+            if src is None or (src_gen is not None
+                               and src_gen != src.generation):
+                raise GcsError(404, f"No such object: {route.bucket}/"
+                                    f"{route.object}")
+            _check_preconditions(src_pre, src)
+        if db.uniform and (q.get("destinationPredefinedAcl")
+                           or meta.get("acl")):
+            raise GcsError(400, UBLA_MESSAGE)
+        # Digests given for the destination must be the source's.
+        _verify(expected, src.crc32c, src.md5)
+        # The source's metadata, overridden field by field by the body's.
+        fields = {k: (dict(v) if k == "metadata" else v)
+                  for k, v in src.fields.items()}
+        for key in STORED_FIELDS:
+            if key in stored:
+                fields[key] = stored[key]
+        if meta.get("metadata") is not None:
+            if stored.get("metadata"):
+                fields["metadata"] = stored["metadata"]
+            else:
+                fields.pop("metadata", None)     # "metadata": {} clears
+        job = _Rewrite()
+        job.src = src
+        job.dst_bucket, job.dst_name = route.dst_bucket, route.dst_object
+        job.content_type = meta.get("contentType") or src.content_type
+        job.fields, job.pre = fields, pre
+        job.params = {k: q[k] for k in REWRITE_FIXED_PARAMS if k in q}
+        job.body = meta
+        job.step = None
+        return job
+
+    @staticmethod
+    def _copy_body(body):
+        """The optional destination resource: empty, JSON null or an
+        object (the Go client sends null when it has no metadata)."""
+        if not bytes(body).strip():
+            return {}
+        meta = _parse_json(body)
+        if meta is None:
+            return {}
+        if not isinstance(meta, dict):
+            raise GcsError(400, "Object metadata must be a JSON object.",
+                           "parseError")
+        return meta
+
+    def _commit_copy(self, job):
+        src = job.src
+        return self._commit(job.dst_bucket, job.dst_name, src.data,
+                            job.content_type, job.fields, job.pre,
+                            src.crc32c, src.md5)
+
+    def _do_copy(self, route, req, cut):
+        job = self._copy_request(route, req)
+        return _json_reply(self._commit_copy(job).resource(req.base))
+
+    def _do_rewrite(self, route, req, cut):
+        q = req.query
+        step = None
+        if "maxBytesRewrittenPerCall" in q:
+            step = _int_param(q, "maxBytesRewrittenPerCall", 0)
+            if step % REWRITE_UNIT:
+                raise GcsError(400, "Invalid argument: "
+                                    "maxBytesRewrittenPerCall must be an "
+                                    "integral multiple of 1048576 (1 MiB).")
+        token = q.get("rewriteToken")
+        if token:
+            with self._lock:
+                found = self._rewrites.get(token)
+            if found is None:
+                raise GcsError(400, "Invalid argument: rewriteToken (fake-"
+                                    "gcs: not a token this server issued).")
+            job, done = found
+            self._check_continuation(job, route, req)
+            if "maxBytesRewrittenPerCall" not in q:
+                step = job.step              # omitted: the first call's
+        else:
+            job, done = self._copy_request(route, req), 0
+            job.step = step
+        step = step or None                  # 0 = no limit, as unset
+        with self._lock:
+            limit = self._rewrite_limit
+        if limit is not None:
+            step = limit if step is None else min(step, limit)
+        src = job.src
+        size = len(src.data)
+        end = size if step is None else min(size, done + step)
+        out = {"kind": "storage#rewriteResponse",
+               "totalBytesRewritten": str(end), "objectSize": str(size)}
+        if end < size:
+            with self._lock:
+                if self._buckets.get(job.dst_bucket) is None:
+                    raise GcsError(404, "The specified bucket does not "
+                                        "exist.")
+                # Fail early; checked again atomically when it completes.
+                _check_preconditions(job.pre, self._live_locked(
+                    job.dst_bucket, job.dst_name))
+                new = secrets.token_urlsafe(48)
+                self._rewrites[new] = (job, end)
+            out.update(done=False, rewriteToken=new)
+            return _json_reply(out)
+        obj = self._commit_copy(job)
+        out.update(done=True, resource=obj.resource(req.base))
+        return _json_reply(out)
+
+    def _check_continuation(self, job, route, req):
+        """A call carrying a rewriteToken: same source and destination; any
+        parameter or body it repeats must equal the first call's. The
+        pinned source generation must still be live (there is no version
+        history to copy it from)."""
+        src = job.src
+        if (route.bucket, route.object, route.dst_bucket,
+                route.dst_object) != (src.bucket, src.name, job.dst_bucket,
+                                      job.dst_name):
+            raise GcsError(400, "Invalid argument: rewriteToken was issued "
+                                "for another source or destination.")
+        for k in REWRITE_FIXED_PARAMS:
+            if k in req.query and req.query[k] != job.params.get(k):
+                raise GcsError(400, f"Invalid argument: {k} differs from "
+                                    "the first call of this rewrite.")
+        meta = self._copy_body(req.body)
+        if meta and meta != job.body:
+            raise GcsError(400, "Invalid argument: the object resource "
+                                "differs from the first call of this "
+                                "rewrite.")
+        with self._lock:
+            if self._buckets.get(src.bucket) is None:
+                raise GcsError(404, "The specified bucket does not exist.")
+            if self._live_locked(src.bucket, src.name) is not src:
+                raise GcsError(404, f"No such object: {src.bucket}/"
+                                    f"{src.name} (fake-gcs: generation "
+                                    f"{src.generation} was replaced or "
+                                    "deleted during the rewrite)")
 
     def _do_download(self, route, req, cut):
         obj = self._live(route, req)
@@ -1808,6 +2042,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             elif method == "POST" and name == "auth":
                 fake.set_require_token(data().get("token"))
                 result = {"ok": True}
+            elif method == "POST" and name == "rewrite-limit":
+                fake.set_rewrite_limit(data().get("bytes"))
+                result = {"ok": True}
+            elif method == "GET" and name == "rewrites":
+                result = fake.rewrites()
             elif method == "GET" and name == "wait":
                 what = q.get("what", "hits")
                 timeout = float(q.get("timeout", "5"))
@@ -1947,6 +2186,13 @@ def _ctl(args):
         need(1, 1, "TOKEN|none")
         req = ("POST", "auth", {"token": None if rest[0] == "none"
                                 else rest[0]})
+    elif op == "rewrite-limit":
+        need(1, 1, "BYTES|none")
+        req = ("POST", "rewrite-limit", {"bytes": None if rest[0] == "none"
+                                         else int(rest[0])})
+    elif op == "rewrites":
+        need(0, 0, "")
+        req = ("GET", "rewrites", None)
     elif op == "wait":
         usage = ("hits KIND [COUNT] | inflight [COUNT] | idle | "
                  "object BUCKET NAME")
@@ -2008,7 +2254,7 @@ def main(argv=None):
                    help="for 'wait': seconds to wait (default 5)")
     c.add_argument("op", help="bucket|buckets|objects|get|put|delete|uploads|"
                               "fault|faults|log|reset-log|reset|hits|"
-                              "inflight|auth|wait")
+                              "inflight|auth|rewrite-limit|rewrites|wait")
     c.add_argument("args", nargs="*")
     args = parser.parse_args(argv)
     return _serve(args) if args.cmd == "serve" else _ctl(args)

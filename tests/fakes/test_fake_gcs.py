@@ -7,7 +7,8 @@ Run from the repo root (Debian's python3: the fake needs python3-crcmod):
 
 No sleeps as synchronisation: tests wait on the fake's own counters
 (inflight/hits/objects), which change under the lock the data takes.
-TestRcloneInterop runs only when `rclone` is on PATH (Debian: rclone 1.60).
+TestRcloneInterop runs only when `rclone` is on PATH (Debian: rclone 1.60);
+its `rclone mount` tests also need /dev/fuse and fusermount3 (Debian: fuse3).
 """
 
 import base64
@@ -884,8 +885,6 @@ class TestNotImplemented(GcsTestCase):
         self.media("src", b"1")
         src = self.obj_path("src")
         cases = [
-            ("POST", f"{src}/copyTo/b/{BUCKET}/o/dst"),
-            ("POST", f"{src}/rewriteTo/b/{BUCKET}/o/dst"),
             ("POST", f"/storage/v1/b/{BUCKET}/o/dst/compose"),
             ("GET", f"{src}/acl"),
             ("PATCH", src),
@@ -907,6 +906,425 @@ class TestNotImplemented(GcsTestCase):
                                     contains="not implemented")
         self.assertEqual(self.srv.hits("unsupported"), len(cases))
         self.assertGcsError(self.request("GET", "/storage/v1/nothing"), 404)
+
+
+# ---------------------------------------------------------------- copy
+class TestCopyRewrite(GcsTestCase):
+    """objects.copy and objects.rewrite (server-side copies)."""
+
+    def seed(self, name="src/a", data=b"checkpoint bytes\x00\xff",
+             bucket=BUCKET, **kw):
+        kw.setdefault("content_type", "application/x-ckpt")
+        kw.setdefault("metadata", {"step": "7"})
+        return self.srv.put_object(bucket, name, data, **kw)
+
+    def copy(self, src, dst, body=b"", src_bucket=BUCKET, dst_bucket=BUCKET,
+             verb="copyTo", headers=None, **query):
+        path = (f"/storage/v1/b/{src_bucket}/o/{q(src)}/{verb}/b/"
+                f"{dst_bucket}/o/{q(dst)}")
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        return self.request("POST", path, body, dict(
+            {"Content-Type": "application/json"}, **(headers or {})))
+
+    def rewrite(self, src, dst, body=b"", **kw):
+        return self.copy(src, dst, body, verb="rewriteTo", **kw)
+
+    def assertSameContent(self, res, src_res, data):
+        for key in ("size", "crc32c", "md5Hash"):
+            self.assertEqual(res[key], src_res[key], key)
+        self.assertEqual(res["crc32c"], crc32c_b64(data))
+        self.assertEqual(res["md5Hash"], md5_b64(data))
+        self.assertEqual(self.srv.get_object_bytes(res["bucket"],
+                                                   res["name"]), data)
+        r = self.request("GET", self.obj_path(res["name"], res["bucket"])
+                         + "?alt=media")
+        self.assertEqual(r.body, data)
+
+    def test_copy_round_trip(self):
+        data = pattern(100_000, 3)
+        src = self.seed(data=data)
+        for body in (b"", b"{}", b"null", b" \r\n"):
+            with self.subTest(body=body):
+                r = self.copy("src/a", "dst/b", body)
+                self.assertEqual(r.status, 200, r.body)
+                res = r.json()
+                self.assertEqual(res["kind"], "storage#object")
+                self.assertEqual((res["bucket"], res["name"]),
+                                 (BUCKET, "dst/b"))
+                self.assertSameContent(res, src, data)
+                self.assertGreater(int(res["generation"]),
+                                   int(src["generation"]))
+                self.assertEqual(res["metageneration"], "1")
+                self.assertEqual(res["contentType"], "application/x-ckpt")
+                self.assertEqual(res["metadata"], {"step": "7"})
+                self.assertEqual(res, self.srv.object_resource(BUCKET,
+                                                               "dst/b"))
+        # The source is untouched.
+        self.assertEqual(self.srv.object_resource(BUCKET, "src/a"), src)
+        self.assertEqual(self.srv.hits("copy"), 4)
+
+    def test_rewrite_round_trip(self):
+        data = pattern(3 * MIB + 5, 4)
+        src = self.seed(data=data)
+        r = self.rewrite("src/a", "dst/b", b"null")
+        self.assertEqual(r.status, 200, r.body)
+        out = r.json()
+        self.assertEqual(out["kind"], "storage#rewriteResponse")
+        self.assertEqual(out["totalBytesRewritten"], str(len(data)))
+        self.assertEqual(out["objectSize"], str(len(data)))
+        self.assertIs(out["done"], True)
+        self.assertNotIn("rewriteToken", out)
+        res = out["resource"]
+        self.assertSameContent(res, src, data)
+        self.assertEqual(res["metageneration"], "1")
+        self.assertGreater(int(res["generation"]), int(src["generation"]))
+        self.assertEqual((res["contentType"], res["metadata"]),
+                         ("application/x-ckpt", {"step": "7"}))
+        # An empty object is done at once too.
+        self.srv.put_object(BUCKET, "empty", b"")
+        out = self.rewrite("empty", "empty2",
+                           maxBytesRewrittenPerCall=MIB).json()
+        self.assertEqual((out["done"], out["totalBytesRewritten"],
+                          out["objectSize"]), (True, "0", "0"))
+
+    def test_body_overrides_metadata_field_by_field(self):
+        self.srv.put_object(BUCKET, "s", b"abc", "text/plain",
+                            {"a": "1", "b": "2"})
+        # Fields from an upload's metadata are carried over.
+        up = self.request(
+            "POST", "/upload/storage/v1/b/ckpt/o?uploadType=multipart",
+            b'--x\r\n\r\n{"name":"s2","cacheControl":"no-store",'
+            b'"contentDisposition":"inline","metadata":{"m":"1"}}'
+            b'\r\n--x\r\n\r\nxyz\r\n--x--',
+            {"Content-Type": "multipart/related; boundary=x"})
+        self.assertEqual(up.status, 200, up.body)
+        for verb in ("copyTo", "rewriteTo"):
+            with self.subTest(verb):
+                r = self.copy("s", "d1", {"contentType": "text/x",
+                                          "metadata": {"z": "9"},
+                                          "name": "ignored",
+                                          "bucket": "ignored"}, verb=verb)
+                self.assertEqual(r.status, 200, r.body)
+                res = self.srv.object_resource(BUCKET, "d1")
+                self.assertEqual((res["contentType"], res["metadata"]),
+                                 ("text/x", {"z": "9"}))
+                self.copy("s2", "d2", {"cacheControl": "max-age=5"},
+                          verb=verb)
+                res = self.srv.object_resource(BUCKET, "d2")
+                self.assertEqual((res["cacheControl"],
+                                  res["contentDisposition"],
+                                  res["metadata"]),
+                                 ("max-age=5", "inline", {"m": "1"}))
+                self.copy("s2", "d3", {"metadata": {}}, verb=verb)
+                self.assertNotIn("metadata",
+                                 self.srv.object_resource(BUCKET, "d3"))
+                # Digests in the body must be the source's.
+                good = {"crc32c": crc32c_b64(b"abc"),
+                        "md5Hash": md5_b64(b"abc")}
+                self.assertEqual(self.copy("s", "d4", good,
+                                           verb=verb).status, 200)
+                r = self.copy("s", "d5", {"crc32c": crc32c_b64(b"abd")},
+                              verb=verb)
+                self.assertGcsError(r, 400, "invalid",
+                                    contains="doesn't match")
+                self.assertGcsError(self.copy("s", "d5", b"[1]", verb=verb),
+                                    400)
+                self.assertGcsError(self.copy("s", "d5", b"{nope",
+                                              verb=verb), 400, "parseError")
+                self.assertGcsError(self.copy("s", "d5", {"metadata": [1]},
+                                              verb=verb), 400)
+        self.assertNotIn("d5", [o["name"] for o in self.srv.objects(BUCKET)])
+
+    def test_copy_onto_itself_updates_metadata(self):
+        # rclone's SetModTime: GET the resource, copy the object onto
+        # itself with the whole resource (plus an mtime) as the body.
+        src = self.seed(name="x", data=b"same")
+        body = dict(src, metadata={"step": "7", "mtime": "2024"})
+        r = self.copy("x", "x", body)
+        self.assertEqual(r.status, 200, r.body)
+        res = r.json()
+        self.assertGreater(int(res["generation"]), int(src["generation"]))
+        self.assertEqual(res["metadata"], {"step": "7", "mtime": "2024"})
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "x"), b"same")
+        self.assertEqual(len(self.srv.objects(BUCKET)), 1)
+
+    def test_cross_bucket(self):
+        self.srv.create_bucket("other-bucket")
+        data = pattern(5000, 5)
+        src = self.seed(data=data)
+        r = self.copy("src/a", "in/other", dst_bucket="other-bucket")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertSameContent(r.json(), src, data)
+        r = self.rewrite("in/other", "back/again", src_bucket="other-bucket")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(r.json()["resource"]["bucket"], BUCKET)
+        self.assertSameContent(r.json()["resource"], src, data)
+        self.assertEqual(self.srv.get_object_bytes("other-bucket",
+                                                   "in/other"), data)
+        e = [e for e in self.srv.log() if e["kind"] == "rewrite"][-1]
+        self.assertEqual((e["kind"], e["bucket"], e["object"],
+                          e["dst_bucket"], e["dst_object"]),
+                         ("rewrite", "other-bucket", "in/other", BUCKET,
+                          "back/again"))
+
+    def test_missing_bucket_or_source_is_404(self):
+        src = self.seed()
+        gen = int(src["generation"])
+        for verb in ("copyTo", "rewriteTo"):
+            with self.subTest(verb):
+                err = self.assertGcsError(self.copy(
+                    "src/a", "d", src_bucket="nope", verb=verb), 404,
+                    "notFound")
+                self.assertIn("bucket does not exist", err["message"])
+                self.assertGcsError(self.copy("src/a", "d", verb=verb,
+                                              dst_bucket="nope"), 404)
+                err = self.assertGcsError(self.copy("missing", "d",
+                                                    verb=verb), 404)
+                self.assertEqual(err["message"],
+                                 f"No such object: {BUCKET}/missing")
+                # Only the live generation exists.
+                self.assertGcsError(self.copy(
+                    "src/a", "d", verb=verb, sourceGeneration=gen - 1), 404)
+                r = self.copy("src/a", f"d-{verb}", verb=verb,
+                              sourceGeneration=gen)
+                self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(sorted(o["name"] for o in self.srv.objects(BUCKET)),
+                         ["d-copyTo", "d-rewriteTo", "src/a"])
+
+    def test_destination_preconditions(self):
+        self.seed()
+        for verb in ("copyTo", "rewriteTo"):
+            with self.subTest(verb):
+                dst = f"d-{verb}"
+                r = self.copy("src/a", dst, verb=verb, ifGenerationMatch=0)
+                self.assertEqual(r.status, 200, r.body)
+                gen = int(self.srv.object_resource(BUCKET, dst)
+                          ["generation"])
+                for bad in ({"ifGenerationMatch": 0},
+                            {"ifGenerationMatch": gen + 1},
+                            {"ifGenerationNotMatch": gen},
+                            {"ifMetagenerationMatch": 2},
+                            {"ifMetagenerationNotMatch": 1}):
+                    err = self.assertGcsError(self.copy(
+                        "src/a", dst, verb=verb, **bad), 412,
+                        "conditionNotMet")
+                    self.assertEqual(err["message"], "At least one of the "
+                                     "pre-conditions you specified did not "
+                                     "hold.")
+                self.assertGcsError(self.copy("src/a", "new", verb=verb,
+                                              ifGenerationNotMatch=1), 412)
+                self.assertGcsError(self.copy("src/a", dst, verb=verb,
+                                              ifGenerationMatch="x"), 400)
+                self.assertEqual(int(self.srv.object_resource(
+                    BUCKET, dst)["generation"]), gen)
+                r = self.copy("src/a", dst, verb=verb, ifGenerationMatch=gen,
+                              ifMetagenerationMatch=1)
+                self.assertEqual(r.status, 200, r.body)
+
+    def test_source_preconditions(self):
+        gen = int(self.seed()["generation"])
+        for verb in ("copyTo", "rewriteTo"):
+            with self.subTest(verb):
+                for bad in ({"ifSourceGenerationMatch": gen + 1},
+                            {"ifSourceGenerationMatch": 0},
+                            {"ifSourceGenerationNotMatch": gen},
+                            {"ifSourceMetagenerationMatch": 2},
+                            {"ifSourceMetagenerationNotMatch": 1}):
+                    self.assertGcsError(self.copy("src/a", "d", verb=verb,
+                                                  **bad), 412,
+                                        "conditionNotMet")
+                self.assertGcsError(self.copy(
+                    "src/a", "d", verb=verb, ifSourceGenerationMatch="z"),
+                    400)
+                self.assertNotIn("d", [o["name"] for o in
+                                       self.srv.objects(BUCKET)])
+                r = self.copy("src/a", "d", verb=verb,
+                              ifSourceGenerationMatch=gen,
+                              ifSourceGenerationNotMatch=gen + 1,
+                              ifSourceMetagenerationMatch=1)
+                self.assertEqual(r.status, 200, r.body)
+                self.srv.delete_object(BUCKET, "d")
+
+    def test_multi_call_rewrite_with_tokens(self):
+        data = pattern(2 * MIB + MIB // 2, 6)
+        src = self.seed(data=data)
+        r = self.rewrite("src/a", "dst", maxBytesRewrittenPerCall=MIB,
+                         ifGenerationMatch=0)
+        out = r.json()
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(out, {"kind": "storage#rewriteResponse",
+                               "totalBytesRewritten": str(MIB),
+                               "objectSize": str(len(data)), "done": False,
+                               "rewriteToken": out["rewriteToken"]})
+        tok1 = out["rewriteToken"]
+        self.assertNotIn("dst", [o["name"] for o in
+                                 self.srv.objects(BUCKET)])
+        # A follow-up may omit the other parameters or repeat them.
+        out = self.rewrite("src/a", "dst", maxBytesRewrittenPerCall=MIB,
+                           rewriteToken=tok1).json()
+        self.assertEqual((out["done"], out["totalBytesRewritten"]),
+                         (False, str(2 * MIB)))
+        tok2 = out["rewriteToken"]
+        self.assertNotEqual(tok1, tok2)
+        # Replaying a token redoes that step (a retry after a lost answer).
+        again = self.rewrite("src/a", "dst", maxBytesRewrittenPerCall=MIB,
+                             ifGenerationMatch=0, rewriteToken=tok1).json()
+        self.assertEqual(again["totalBytesRewritten"], str(2 * MIB))
+        self.assertEqual([t["done"] for t in self.srv.rewrites()
+                          if t["token"] == tok2], [2 * MIB])
+        self.assertNotIn("dst", [o["name"] for o in
+                                 self.srv.objects(BUCKET)])
+        out = self.rewrite("src/a", "dst", b"null", rewriteToken=tok2,
+                           maxBytesRewrittenPerCall=MIB).json()
+        self.assertIs(out["done"], True)
+        self.assertEqual(out["totalBytesRewritten"], str(len(data)))
+        self.assertNotIn("rewriteToken", out)
+        self.assertSameContent(out["resource"], src, data)
+        # The first call's ifGenerationMatch=0 still guards the write.
+        r = self.rewrite("src/a", "dst", rewriteToken=again["rewriteToken"])
+        self.assertGcsError(r, 412)
+        self.assertEqual(self.srv.hits("rewrite"), 5)
+        # maxBytesRewrittenPerCall must be a multiple of 1 MiB.
+        for bad in (1000, MIB + 1, -MIB, "x"):
+            self.assertGcsError(self.rewrite(
+                "src/a", "d", maxBytesRewrittenPerCall=bad), 400)
+
+    def test_bad_rewrite_tokens(self):
+        data = pattern(3 * MIB, 7)
+        self.seed(data=data)
+        self.srv.create_bucket("other-bucket")
+        err = self.assertGcsError(self.rewrite(
+            "src/a", "d", rewriteToken="not-a-token"), 400, "invalid")
+        self.assertIn("rewriteToken", err["message"])
+        tok = self.rewrite("src/a", "d", {"contentType": "text/x"},
+                           maxBytesRewrittenPerCall=MIB,
+                           ifSourceGenerationNotMatch=1).json()[
+                               "rewriteToken"]
+        for kw in ({"dst": "other"}, {"src": "src/b"},
+                   {"dst_bucket": "other-bucket"},
+                   {"ifSourceGenerationNotMatch": 2},
+                   {"ifGenerationMatch": 0},
+                   {"body": {"contentType": "text/y"}}):
+            with self.subTest(kw):
+                args = {"src": "src/a", "dst": "d", "body": b"",
+                        "rewriteToken": tok}
+                args.update(kw)
+                self.assertGcsError(self.rewrite(args.pop("src"),
+                                                 args.pop("dst"),
+                                                 args.pop("body"), **args),
+                                    400, "invalid")
+        out = self.rewrite("src/a", "d", {"contentType": "text/x"},
+                           rewriteToken=tok,
+                           ifSourceGenerationNotMatch=1).json()
+        self.assertEqual(out["totalBytesRewritten"], str(2 * MIB))
+        # The source is replaced mid-rewrite: its pinned generation is gone.
+        self.seed(data=b"new")
+        err = self.assertGcsError(self.rewrite(
+            "src/a", "d", rewriteToken=out["rewriteToken"]), 404)
+        self.assertIn("No such object", err["message"])
+        self.assertNotIn("d", [o["name"] for o in self.srv.objects(BUCKET)])
+        self.srv.reset()
+        self.assertEqual(self.srv.rewrites(), [])
+        self.assertGcsError(self.rewrite("src/a", "d", rewriteToken=tok),
+                            400)
+
+    def test_server_rewrite_limit_forces_multi_call(self):
+        data = pattern(2500, 8)
+        src = self.seed(data=data)
+        self.srv.set_rewrite_limit(1000)
+        totals, out = [], {"rewriteToken": None}
+        while True:
+            query = ({"rewriteToken": out["rewriteToken"]}
+                     if out.get("rewriteToken") else {})
+            out = self.rewrite("src/a", "d", **query).json()
+            totals.append(out["totalBytesRewritten"])
+            if out["done"]:
+                break
+        self.assertEqual(totals, ["1000", "2000", "2500"])
+        self.assertSameContent(out["resource"], src, data)
+        # maxBytesRewrittenPerCall and the limit: the smaller wins.
+        self.srv.set_rewrite_limit(5 * MIB)
+        self.srv.put_object(BUCKET, "big", pattern(3 * MIB, 9))
+        out = self.rewrite("big", "d", maxBytesRewrittenPerCall=2 * MIB)
+        self.assertEqual(out.json()["totalBytesRewritten"], str(2 * MIB))
+        # Through the control API; null turns it off.
+        r = self.request("POST", "/_fake/rewrite-limit", b'{"bytes":100}')
+        self.assertEqual(r.status, 200)
+        self.assertFalse(self.rewrite("src/a", "e").json()["done"])
+        self.assertEqual(self.request("POST", "/_fake/rewrite-limit",
+                                      b'{"bytes":0}').status, 400)
+        self.request("POST", "/_fake/rewrite-limit", b'{"bytes":null}')
+        self.assertTrue(self.rewrite("src/a", "e").json()["done"])
+        # Tokens issued: 2 + 1 + 1 (kept, replayable, until reset()).
+        self.assertEqual(len(self.request("GET", "/_fake/rewrites").json()),
+                         4)
+        with self.assertRaises(FakeError):
+            self.srv.set_rewrite_limit(-1)
+
+    def test_acls_follow_bucket_policy(self):
+        self.seed()
+        self.srv.create_bucket("legacy", uniform_access=False)
+        for verb in ("copyTo", "rewriteTo"):
+            with self.subTest(verb):
+                err = self.assertGcsError(self.copy(
+                    "src/a", "d", verb=verb,
+                    destinationPredefinedAcl="private"), 400, "invalid")
+                self.assertIn("uniform bucket-level access", err["message"])
+                self.assertGcsError(self.copy(
+                    "src/a", "d", {"acl": [{"entity": "allUsers",
+                                            "role": "READER"}]},
+                    verb=verb), 400)
+                r = self.copy("src/a", "d", verb=verb, dst_bucket="legacy",
+                              destinationPredefinedAcl="private",
+                              projection="full")
+                self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(len(self.srv.objects("legacy")), 1)
+
+    def test_routes_faults_and_log(self):
+        self.seed(data=b"abc")
+        base = f"/storage/v1/b/{BUCKET}/o/{q('src/a')}"
+        # Names must be percent-encoded; only POST; a full destination path.
+        for method, path in (("POST", f"{base}/copyTo/b/{BUCKET}/o/x/y"),
+                             ("POST", f"/storage/v1/b/{BUCKET}/o/src/a/"
+                                      f"rewriteTo/b/{BUCKET}/o/x"),
+                             ("GET", f"{base}/copyTo/b/{BUCKET}/o/x"),
+                             ("POST", f"{base}/copyTo/b/{BUCKET}"),
+                             ("POST", f"{base}/rewriteTo/b/{BUCKET}/x/y")):
+            with self.subTest(f"{method} {path}"):
+                self.assertGcsError(self.request(method, path, b"{}"
+                                                 if method == "POST"
+                                                 else None), 404)
+        self.assertGcsError(self.copy("src/a", ""), 400)
+        self.assertEqual(len(self.srv.objects(BUCKET)), 1)
+        # Faults match by kind, and bucket/object_prefix on either end.
+        self.srv.fault("status", code=503, kind="rewrite", count=1)
+        self.srv.fault("status", code=429, object_prefix="hot/", add=True)
+        self.assertGcsError(self.rewrite("src/a", "d"), 503)
+        self.assertGcsError(self.copy("src/a", "hot/d"), 429)
+        self.assertEqual(len(self.srv.objects(BUCKET)), 1)
+        self.srv.fault("reset_after", kind="copy", count=1)
+        self.assertReset(lambda: self.copy("src/a", "lost-answer"))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "lost-answer"),
+                         b"abc")
+        self.srv.fault("reset_mid_body", kind="rewrite", count=1)
+        self.assertReset(lambda: self.rewrite("src/a", "cut-answer"))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "cut-answer"),
+                         b"abc")
+        log = [e for e in self.srv.log() if e["kind"] in ("copy",
+                                                           "rewrite")]
+        self.assertEqual([(e["kind"], e["dst_object"], e.get("fault"),
+                           e["status"]) for e in log],
+                         [("copy", "", None, 400),
+                          ("rewrite", "d", "status", 503),
+                          ("copy", "hot/d", "status", 429),
+                          ("copy", "lost-answer", "reset_after", None),
+                          ("rewrite", "cut-answer", "reset_mid_body", None)])
+        self.assertTrue(all((e["bucket"], e["object"], e["dst_bucket"]) ==
+                            (BUCKET, "src/a", BUCKET) for e in log))
+        self.assertEqual(self.srv.hits_by_kind().get("copy"), 3)
 
 
 # ---------------------------------------------------------------- auth
@@ -1284,6 +1702,9 @@ class TestScript(unittest.TestCase):
         self.assertEqual(ctl("reset")[0], 0)
         self.assertEqual(json.loads(ctl("objects", "ckpt")[1]), [])
         self.assertEqual(ctl("auth", "none")[0], 0)
+        self.assertEqual(ctl("rewrite-limit", "1048576")[0], 0)
+        self.assertEqual(ctl("rewrite-limit", "none")[0], 0)
+        self.assertEqual(json.loads(ctl("rewrites")[1]), [])
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(10), 0)
 
@@ -1296,6 +1717,14 @@ class TestScript(unittest.TestCase):
 
 # ---------------------------------------------------------------- rclone
 RCLONE = shutil.which("rclone")
+FUSERMOUNT = shutil.which("fusermount3")
+MOUNT_SKIP = ("rclone mount needs /dev/fuse and fusermount3 (Debian: "
+              "apt-get install fuse3)")
+
+
+def is_mounted(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
 
 
 @unittest.skipUnless(RCLONE, "rclone is not on PATH (Debian: apt-get "
@@ -1427,6 +1856,162 @@ class TestRcloneInterop(unittest.TestCase):
         p = self.rclone("lsf", f"fakegcs:{BUCKET}", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("Error 401", p.stderr)
+
+    def test_server_side_copyto_moveto_touch(self):
+        data = pattern(3 * MIB + 11, 12)
+        self.srv.put_object(BUCKET, "run/a.bin", data)
+        # Make the fake answer done=false like GCS does for big or
+        # cross-location rewrites: rclone must loop on the rewriteToken.
+        self.srv.set_rewrite_limit(MIB)
+        self.rclone("copyto", f"fakegcs:{BUCKET}/run/a.bin",
+                    f"fakegcs:{BUCKET}/run/b.bin")
+        rewrites = [e for e in self.srv.log() if e["kind"] == "rewrite"]
+        self.assertEqual(len(rewrites), 4)
+        self.assertNotIn("rewriteToken", rewrites[0]["query"])
+        self.assertTrue(all("rewriteToken" in e["query"]
+                            for e in rewrites[1:]))
+        self.assertTrue(all(e["status"] == 200 and e["path"] ==
+                            f"/storage/v1/b/{BUCKET}/o/run%2Fa.bin/rewriteTo"
+                            f"/b/{BUCKET}/o/run%2Fb.bin" for e in rewrites))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "run/b.bin"), data)
+        # Not a byte was uploaded: the copy was server-side.
+        self.assertFalse(any(e["kind"] in ("media", "multipart", "resumable",
+                                           "chunk") for e in self.srv.log()))
+        self.srv.set_rewrite_limit(None)
+        self.srv.reset_log()
+        self.rclone("moveto", f"fakegcs:{BUCKET}/run/b.bin",
+                    f"fakegcs:{BUCKET}/final/c.bin")
+        kinds = [(e["kind"], e["object"], e["dst_object"])
+                 for e in self.srv.log() if e["method"] != "GET"]
+        self.assertEqual(kinds, [("rewrite", "run/b.bin", "final/c.bin"),
+                                 ("delete", "run/b.bin", None)])
+        objs = {o["name"]: o for o in self.srv.objects(BUCKET)}
+        self.assertEqual(sorted(objs), ["final/c.bin", "run/a.bin"])
+        self.assertEqual(objs["final/c.bin"]["crc32c"], crc32c_b64(data))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "final/c.bin"),
+                         data)
+        # rclone's SetModTime: objects.copy of the object onto itself.
+        gen = objs["run/a.bin"]["generation"]
+        self.srv.reset_log()
+        self.rclone("touch", "-t", "2020-01-02T03:04:05",
+                    f"fakegcs:{BUCKET}/run/a.bin")
+        copies = [e for e in self.srv.log() if e["kind"] == "copy"]
+        self.assertEqual([(e["object"], e["dst_object"], e["status"])
+                          for e in copies], [("run/a.bin", "run/a.bin", 200)])
+        obj = self.srv.objects(BUCKET, "run/a.bin")[0]
+        self.assertGreater(obj["generation"], gen)
+        self.assertTrue(obj["metadata"]["mtime"].startswith(
+            "2020-01-02T03:04:05"), obj)
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "run/a.bin"), data)
+
+    # ------------------------------------------------------------ mount
+    RELEASED = "&{{{name} (rw)}}: >Release: err=<nil>"   # rclone -vv line
+
+    def mount(self, *flags, cache_dir):
+        """Start `rclone mount fakegcs:BUCKET` (VFS cache in cache_dir,
+        -vv log in a new file); returns (proc, mountpoint, log path) once
+        the mount is in /proc/self/mountinfo."""
+        mnt = tempfile.mkdtemp(dir=self.tmp)
+        fd, log_path = tempfile.mkstemp(dir=self.tmp, prefix="rclone-",
+                                        suffix=".log")
+        os.close(fd)
+        e = dict(self.base_env, RCLONE_CONFIG_FAKEGCS_ENDPOINT=(
+            self.srv.base_url + "/storage/v1/"))
+        proc = subprocess.Popen(
+            [RCLONE, "mount", f"fakegcs:{BUCKET}", mnt, "--cache-dir",
+             cache_dir, "--vfs-cache-mode", "writes", "-vv", "--log-file",
+             log_path, *flags], env=e, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def cleanup():
+            if is_mounted(mnt):
+                subprocess.run([FUSERMOUNT, "-u", "-z", mnt],
+                               capture_output=True, timeout=20)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(20)
+        self.addCleanup(cleanup)
+        self.assertTrue(wait_until(lambda: is_mounted(mnt)
+                                   or proc.poll() is not None, 20))
+        self.assertTrue(is_mounted(mnt), self.read(log_path))
+        return proc, mnt, log_path
+
+    @staticmethod
+    def read(path):
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def unmount(self, proc, mnt):
+        """fusermount3 -u, then wait for rclone to exit; returns the
+        seconds from the unmount to the exit."""
+        t0 = time.monotonic()
+        subprocess.run([FUSERMOUNT, "-u", mnt], check=True, timeout=20)
+        proc.wait(30)
+        return time.monotonic() - t0
+
+    @unittest.skipUnless(os.path.exists("/dev/fuse") and FUSERMOUNT,
+                         MOUNT_SKIP)
+    def test_mount_rename_is_a_server_side_copy(self):
+        cache = tempfile.mkdtemp(dir=self.tmp)
+        proc, mnt, log_path = self.mount("--vfs-write-back", "0s",
+                                         cache_dir=cache)
+        data = pattern(3 * MIB + 7, 13)
+        with open(os.path.join(mnt, "ckpt.tmp"), "wb") as f:
+            f.write(data)
+        # close() returns before rclone has handled FUSE's RELEASE, which
+        # is where it uploads (write-back 0s). Renaming before that ends
+        # races with the upload in rclone 1.60 (it re-hashes the cache
+        # file after uploading, finds it renamed, deletes the upload and
+        # never uploads the new name while mounted): wait for the end.
+        released = self.RELEASED.format(name="ckpt.tmp")
+        self.assertTrue(wait_until(lambda: released in self.read(log_path),
+                                   30), self.read(log_path)[-3000:])
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "ckpt.tmp"), data)
+        self.srv.reset_log()
+        os.rename(os.path.join(mnt, "ckpt.tmp"),
+                  os.path.join(mnt, "ckpt.bin"))
+        self.assertTrue(self.srv.wait_idle(10))
+        seconds = self.unmount(proc, mnt)
+        self.assertEqual(proc.returncode, 0, self.read(log_path)[-3000:])
+        self.assertLess(seconds, 30)
+        # The rename was GET (destination absent), rewrite, delete.
+        calls = [(e["method"], e["kind"], e["object"], e["dst_object"],
+                  e["status"]) for e in self.srv.log()]
+        self.assertEqual(calls, [
+            ("GET", "get", "ckpt.bin", None, 404),
+            ("POST", "rewrite", "ckpt.tmp", "ckpt.bin", 200),
+            ("DELETE", "delete", "ckpt.tmp", None, 204)])
+        self.assertEqual([o["name"] for o in self.srv.objects(BUCKET)],
+                         ["ckpt.bin"])
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "ckpt.bin"), data)
+
+    @unittest.skipUnless(os.path.exists("/dev/fuse") and FUSERMOUNT,
+                         MOUNT_SKIP)
+    def test_mount_unmount_does_not_wait_for_pending_uploads(self):
+        # Pins down rclone 1.60's behaviour: on unmount it exits at once
+        # ("Unmounted externally. Just exit now."); a write-back upload
+        # still queued stays in the VFS cache dir and is only sent by the
+        # next mount using the same --cache-dir.
+        cache = tempfile.mkdtemp(dir=self.tmp)
+        proc, mnt, log_path = self.mount("--vfs-write-back", "10s",
+                                         cache_dir=cache)
+        data = pattern(100_000, 14)
+        with open(os.path.join(mnt, "late.bin"), "wb") as f:
+            f.write(data)
+        released = self.RELEASED.format(name="late.bin")
+        self.assertTrue(wait_until(lambda: released in self.read(log_path),
+                                   30), self.read(log_path)[-3000:])
+        self.unmount(proc, mnt)
+        self.assertEqual(proc.returncode, 0)
+        self.assertEqual(self.srv.objects(BUCKET), [])
+        self.assertIn("Unmounted externally", self.read(log_path))
+        proc, mnt, _ = self.mount("--vfs-write-back", "0s", cache_dir=cache)
+        self.assertTrue(self.srv.wait_for_object(BUCKET, "late.bin", 30))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "late.bin"), data)
+        self.unmount(proc, mnt)
 
     def test_object_acls_rejected_on_uniform_bucket(self):
         # Without bucket_policy_only rclone sends predefinedAcl=private,
