@@ -334,6 +334,32 @@ class BucketMountTest(MountTestCase):
         self.assertFalse(p.find("trainer.start"))
         self.assertEqual(mounted_at(self.path("result")), [])
 
+    def test_sync_via_mount_commits_through_the_fuse_mount_and_restores(self):
+        mnt = self.path("result")
+        sets = {"bucket": f"gs://{self.BUCKET}/exp", "bucket-mount": mnt, "mount-driver": "rclone", "sync-via": "mount",
+                "run-id": "run1", "sync-interval": "0", "sync-settle": "0s", "checkpoint-dir": self.path("ckpt")}
+        p = self.job('echo weights-1 > "$SPOTVISOR_CHECKPOINT_DIR/model.pt"; exit 3', sets, env=self.gcs_env)
+        self.assertEqual(p.wait_exit(), 3, "".join(p.raw[-30:]))
+        self.assertEqual(p.wait_event("sync.complete", kind="final")["files_uploaded"], 1)
+        self.assertEqual(mounted_at(mnt), [])
+        names = self.names("exp/run1/")
+        self.assertIn("exp/run1/manifest.json", names)
+        manifest = json.loads(self.gcs.get_object_bytes(self.BUCKET, "exp/run1/manifest.json"))
+        obj = manifest["files"][0]["object"]
+        self.assertEqual(self.gcs.get_object_bytes(self.BUCKET, "exp/run1/" + obj), b"weights-1\n")
+        self.assertFalse([n for n in names if ".tmp" in n], f"no temporary objects left: {names}")
+        # A new VM restores through the mount, then through the API: the same layout.
+        # (The first fails on purpose, so that it writes no DONE.)
+        for via, code in (("mount", 4), ("api", 0)):
+            sets2 = dict(sets, **{"checkpoint-dir": self.path("ckpt-" + via), "sync-via": via})
+            p2 = self.job(f'cat "$SPOTVISOR_CHECKPOINT_DIR/model.pt"; echo "resumed=$SPOTVISOR_RESUMED"; exit {code}', sets2,
+                          env=self.gcs_env)
+            self.assertEqual(p2.wait_exit(), code, "".join(p2.raw[-30:]))
+            out = [e["message"] for e in p2.find("trainer.output")]
+            self.assertIn("weights-1", out, f"{via}: {p2.raw[-30:]}")
+            self.assertIn("resumed=1", out, via)
+        self.assertIn("exp/run1/DONE", self.names("exp/run1/"))
+
     def test_gcsfuse_stand_in_command_line_and_lifecycle(self):
         """gcsfuse cannot be installed here: a stand-in named gcsfuse records
         the command line spotvisor gives it and serves the mount with rclone,
