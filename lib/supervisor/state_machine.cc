@@ -544,10 +544,17 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
   // Stopped by a signal means systemd or an operator is already stopping us
   // (the system may be shutting down): powering off on top would surprise an
   // operator who only ran `systemctl stop spotvisor`.
-  bool run_it = options_.run_on_exit && !signalled_ && !on_exit_started_;
+  // A preempted VM is being stopped or deleted by GCE already, as its
+  // --instance-termination-action says; on-exit on top could contradict that
+  // (delete a VM meant to be restarted).
+  bool preempted = *reason_ == EndReason::kPreempted;
+  bool run_it = options_.run_on_exit && !signalled_ && !preempted && !on_exit_started_;
   if (!run_it) {
     Log(Severity::kInfo, "shutdown.skipped",
-        options_.run_on_exit ? "spotvisor was stopped by a signal: not running on-exit" : "on-exit is none: leaving the machine running");
+        !options_.run_on_exit ? "on-exit is none: leaving the machine running"
+        : signalled_          ? "spotvisor was stopped by a signal: not running on-exit"
+                              : "the VM is being preempted: GCE stops or deletes it (--instance-termination-action), "
+                                "so on-exit is not run");
     Teardown(now, out, false);
     return;
   }

@@ -92,7 +92,8 @@ TEST_CASE("preemption starts the ladder: SIGINT, SIGTERM after stop-timeout, SIG
   CHECK(*h.machine.deadline() == h.now + 5s);
   CHECK(Only<SignalTrainer>(h.Advance(5s)).signo == SIGKILL);
   Only<SignalLeftovers>(h.On(TrainerExited{100, 0, SIGKILL}));
-  Only<RunOnExit>(h.On(LeftoversGone{}));
+  Only<ExitProcess>(h.On(LeftoversGone{}));
+  CHECK(h.Last("shutdown.skipped").message.find("--instance-termination-action") != std::string::npos);
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
   CHECK(h.machine.exit_code() == 137);
 }
@@ -120,7 +121,7 @@ TEST_CASE("a repeated preemption notice does not restart the ladder") {
 
 TEST_CASE("already preempted at startup: the trainer is never started") {
   Harness h;
-  Only<RunOnExit>(h.On(StartEvent{true, false}));
+  Only<ExitProcess>(h.On(StartEvent{true, false}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
   CHECK(h.machine.exit_code() == 75);
   CHECK(h.Logged("preemption.detected"));
@@ -164,7 +165,7 @@ TEST_CASE("an unkillable trainer does not hang the run") {
   h.On(PreemptionNotice{});
   h.Advance(20s);
   h.Advance(5s);
-  Only<RunOnExit>(h.Advance(5s));
+  Only<ExitProcess>(h.Advance(5s));
   CHECK(h.Logged("trainer.unkillable"));
   CHECK(h.machine.exit_code() == 137);
 }
@@ -316,7 +317,7 @@ TEST_CASE("preempted while restoring: the trainer is not started afterwards") {
   Harness h(SyncOptions());
   h.On(StartEvent{});
   CHECK(h.On(PreemptionNotice{}).empty());
-  Only<RunOnExit>(h.On(RestoreDone{true, false, true, ""}));
+  Only<ExitProcess>(h.On(RestoreDone{true, false, true, ""}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
   CHECK(h.machine.exit_code() == 75);
 }
@@ -436,7 +437,7 @@ TEST_CASE("only failures are restarted: not a clean exit, not our own stop") {
   p.On(TrainerSpawned{100});
   p.On(PreemptionNotice{});
   p.On(TrainerExited{100, 1, 0});  // it exited 1 after our SIGINT
-  Only<RunOnExit>(p.On(LeftoversGone{}));
+  Only<ExitProcess>(p.On(LeftoversGone{}));
   CHECK(p.Last("run.end").fields["reason"] == "preempted");
 }
 
@@ -456,7 +457,7 @@ TEST_CASE("with a bucket, a restart waits for both the sync and the delay") {
   Only<SpawnTrainer>(h2.Advance(10s));
 }
 
-TEST_CASE("preempted while waiting to restart: no restart, final sync, on-exit") {
+TEST_CASE("preempted while waiting to restart: no restart, final sync, no on-exit") {
   Harness h(RestartOptions(true));
   h.On(StartEvent{});
   h.On(RestoreDone{});
@@ -464,7 +465,7 @@ TEST_CASE("preempted while waiting to restart: no restart, final sync, on-exit")
   CHECK_FALSE(Only<StartFinalSync>(h.On(PreemptionNotice{})).write_done);
   CHECK(h.machine.phase() == Phase::kSyncing);
   CHECK(h.On(SyncDone{true, false}).empty());  // the restart's sync finishing late changes nothing
-  Only<RunOnExit>(h.On(SyncDone{true, true}));
+  Only<ExitProcess>(h.On(SyncDone{true, true}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
 }
 
@@ -563,7 +564,7 @@ TEST_CASE("preemption-stop-lead: with a notice duration, preemption syncs now an
   CHECK(Only<SignalTrainer>(h.Advance(1s)).signo == SIGINT);
   h.On(TrainerExited{100, 130, 0});
   h.On(LeftoversGone{});
-  Only<RunOnExit>(h.On(SyncDone{true}));
+  Only<ExitProcess>(h.On(SyncDone{true}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
 }
 
@@ -588,7 +589,7 @@ TEST_CASE("a maintenance notice after a preemption notice keeps the earlier stop
   CHECK(*h.machine.deadline() == h.now + 30s);
   h.Advance(30s);
   h.On(TrainerExited{100, 0, 0});
-  Only<RunOnExit>(h.On(LeftoversGone{}));
+  Only<ExitProcess>(h.On(LeftoversGone{}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
 }
 
@@ -643,14 +644,14 @@ TEST_CASE("a mount failure with on-failure-hold keeps the mounts during the hold
   Only<RunOnExit>(h.On(UnmountsDone{}));
 }
 
-TEST_CASE("preempted or stopped while mounting: no trainer; unmount, and on-exit only after a preemption") {
+TEST_CASE("preempted or stopped while mounting: no trainer; unmount, no on-exit") {
   {
     Harness h(MountOptions());
     h.On(StartEvent{});
     CHECK(h.On(PreemptionNotice{}).empty());
     Only<StartUnmounts>(h.On(MountsDone{true, ""}));
     CHECK(h.machine.exit_code() == 75);
-    Only<RunOnExit>(h.On(UnmountsDone{}));
+    Only<ExitProcess>(h.On(UnmountsDone{}));
   }
   {
     Harness h(MountOptions());

@@ -77,11 +77,19 @@ class LadderTest(SpotvisorTestCase):
         self.assertLess(names.index("run.end"), names.index("shutdown.start"))
         self.assertLess(names.index("shutdown.start"), names.index("shutdown.done"))
 
-    def test_the_shutdown_command_runs_once_after_preemption(self):
+    def test_no_shutdown_command_after_a_preemption(self):
+        # GCE is stopping or deleting the VM already (--instance-termination-action).
         out = self.path("shutdown")
         p = self.run_trainer([], sets={"on-exit": "poweroff", "shutdown-command": f"echo ran >> {out}"})
         self.preempt(p)
         self.assertEqual(p.wait_exit(), 130)
+        self.assertFalse(os.path.exists(out))
+        self.assertIn("--instance-termination-action", p.wait_event("shutdown.skipped")["message"])
+
+    def test_the_shutdown_command_runs_once_after_the_run_completes(self):
+        out = self.path("shutdown")
+        p = self.run_trainer(["--run-for", "10"], sets={"on-exit": "poweroff", "shutdown-command": f"echo ran >> {out}"})
+        self.assertEqual(p.wait_exit(), 0)
         self.assertEqual(self.read(out), "ran\n")
 
     def test_status_file_follows_the_run(self):
