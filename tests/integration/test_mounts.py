@@ -316,6 +316,25 @@ class BucketMountTest(MountTestCase):
         p.wait_exit()
         self.assertEqual(mounted_at(mnt), [], "the dead mount was still taken off")
 
+    def test_a_dead_mount_left_by_a_crashed_spotvisor_is_replaced(self):
+        mnt = self.path("result")
+        sets = {"bucket": f"gs://{self.BUCKET}", "bucket-mount": mnt, "mount-driver": "rclone", "sync-interval": "0"}
+        p = self.job("sleep 60", sets, env=self.gcs_env)
+        fuse = p.wait_event("mount.done", what="bucket")["pid"]
+        trainer = p.wait_event("trainer.start")["pid"]
+        p.kill()  # spotvisor crashes (SIGKILL): nothing is undone
+        os.kill(trainer, signal.SIGKILL)
+        os.kill(fuse, signal.SIGKILL)  # systemd kills what is left in the unit's cgroup
+        wait_until(lambda: not pid_alive(fuse), what="rclone gone")
+        with self.assertRaises(OSError) as stale:
+            os.stat(mnt)
+        self.assertEqual(stale.exception.errno, 107, "ENOTCONN: a dead FUSE mount")
+        p2 = self.job('echo again > "$SPOTVISOR_OUTPUT_DIR/again.txt"', sets, env=self.gcs_env)
+        self.assertEqual(p2.wait_exit(), 0, "".join(p2.raw[-30:]))
+        p2.wait_event("mount.stale")
+        self.assertEqual(self.gcs.get_object_bytes(self.BUCKET, "again.txt"), b"again\n")
+        self.assertEqual(mounted_at(mnt), [])
+
     def test_a_missing_driver_binary_is_named(self):
         p = self.job("echo SHOULD-NOT-RUN", {"bucket": f"gs://{self.BUCKET}", "bucket-mount": self.path("result"),
                                              "mount-driver": "gcsfuse"},
