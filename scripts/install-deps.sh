@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config
   libboost-dev libcurl4-openssl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev libblkid-dev catch2
-  python3 python3-crcmod rclone fuse3 e2fsprogs curl procps
+  python3 python3-crcmod rclone fuse3 e2fsprogs curl procps packer
 )
 missing=()
 for p in "${packages[@]}"; do
