@@ -26,6 +26,10 @@ namespace {
 constexpr char kScratchLabel[] = "sv-scratch";
 constexpr char kDefaultStorageEndpoint[] = "https://storage.googleapis.com";
 
+// stat() on a FUSE mount whose daemon is gone: ENOTCONN, or ECONNABORTED
+// once the kernel has aborted the connection.
+bool IsDeadFuse(int err) { return err == ENOTCONN || err == ECONNABORTED; }
+
 double SecondsSince(const Clock& clock, SteadyTime t0) { return std::chrono::duration<double>(clock.Now() - t0).count(); }
 
 std::string BucketName(const std::string& bucket) {
@@ -108,7 +112,7 @@ Status MountManager::PrepareMountPoint(const std::string& dir) {
   if (!s.ok() && s.message().find("not a directory") == std::string::npos) {
     // A stale FUSE mount fails stat with ENOTCONN; that is dealt with later.
     struct stat st;
-    if (stat(dir.c_str(), &st) != 0 && errno == ENOTCONN) return OkStatus();
+    if (stat(dir.c_str(), &st) != 0 && IsDeadFuse(errno)) return OkStatus();
   }
   return s;
 }
@@ -282,7 +286,7 @@ Status MountManager::MountBucket() {
   if (!existing.ok()) return existing.status();
   if (*existing) {
     struct stat st;
-    if (stat(o_.bucket_mount.c_str(), &st) != 0 && errno == ENOTCONN) {
+    if (stat(o_.bucket_mount.c_str(), &st) != 0 && IsDeadFuse(errno)) {
       // The FUSE daemon of an earlier spotvisor died with it.
       Event(Severity::kWarning, "mount.stale",
             fmt::format("{} is a dead FUSE mount ({}) left by an earlier run: detaching it", o_.bucket_mount, (*existing)->fstype),
