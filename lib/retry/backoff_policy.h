@@ -5,6 +5,8 @@
 #include <memory>
 #include <random>
 
+#include "common/random.h"
+
 namespace spotvisor {
 
 class BackoffPolicy {
@@ -25,7 +27,7 @@ class ExponentialBackoffPolicy final : public BackoffPolicy {
  public:
   ExponentialBackoffPolicy(std::chrono::milliseconds initial,
                            std::chrono::milliseconds maximum, double scaling,
-                           double jitter = 0.5, std::uint64_t seed = std::random_device{}());
+                           double jitter = 0.5, std::uint64_t seed = RandomSeed());
 
   std::chrono::milliseconds OnCompletion() override;
   void Reset() override;

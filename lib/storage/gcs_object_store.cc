@@ -1,5 +1,7 @@
 #include "storage/gcs_object_store.h"
 
+#include "common/random.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -289,7 +291,7 @@ class GcsObjectStore final : public ObjectStore {
                                  const Precondition& pre) {
     Json meta = {{"name", FullName(name)}, {"crc32c", Crc32cToBase64(crc)}};
     std::string boundary;
-    std::mt19937_64 rng(std::random_device{}());
+    std::mt19937_64 rng(RandomSeed());
     do {
       boundary = fmt::format("spotvisor-{:016x}", rng());
     } while (data.find(boundary) != std::string::npos);
