@@ -98,7 +98,8 @@ StatusOr<std::string> ConfigTemplate(const std::vector<std::pair<std::string, st
       "# spotvisor configuration: the image's defaults, the lowest layer.\n"
       "# Project metadata, then instance metadata (spotvisor-KEY attributes), then\n"
       "# `spotvisor run --set` override anything here. `spotvisor config` shows the\n"
-      "# resolved values and where each came from; docs/configuration.md explains every key.\n"
+      "# resolved values and where each came from; every key is explained in\n"
+      "# /usr/share/doc/spotvisor/configuration.md (docs/configuration.md in the source).\n"
       "# Format: `key = value`; # starts a comment only at the start of a line; a value\n"
       "# may be double-quoted with \\n, \\t, \\\" and \\\\ escapes.\n";
   for (auto const& k : AllKeys()) {
