@@ -132,7 +132,8 @@ int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger) {
   if (OnExitValue(r, mode) != "poweroff") return kExitConfigError;
   std::string cmd = r.values.count("shutdown-command") ? r.values.at("shutdown-command").value : "";
   if (cmd.empty()) cmd = FindKey("shutdown-command")->default_value;
-  logger.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd), {{"command", cmd}}});
+  logger.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd),
+                      {{"command", cmd}, {"action", "poweroff"}}});
   auto p = Spawn(SpawnOptions{{"/bin/sh", "-c", cmd}, BaseEnv(std::nullopt), "", std::nullopt, false});
   if (!p.ok()) {
     logger.Error("shutdown.failed", p.status().message());
@@ -408,9 +409,11 @@ int RunEngine(const EngineOptions& options) {
   // Legacy preemptible VMs are always stopped after 24 h; a run that hits
   // that wall gets no graceful stop unless max-runtime comes first.
   if (metadata.preemptible == "TRUE" && (config.max_runtime.count() == 0 || config.max_runtime >= std::chrono::hours(24))) {
+    // Spot VMs report scheduling/preemptible=TRUE as well, and the metadata
+    // server does not say which model this is: hence "if".
     logger.Warn("config.warning",
-                "this is a legacy preemptible VM, which GCE stops after 24h: set spotvisor-max-runtime (e.g. 23h30m) so the "
-                "trainer is stopped and its checkpoint synced before that");
+                "this VM is preemptible: if it is a legacy preemptible VM (not Spot), GCE stops it after 24h; set "
+                "spotvisor-max-runtime (e.g. 23h30m) so the trainer is stopped and its checkpoint synced before that");
   }
   for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
 
@@ -509,8 +512,9 @@ int RunEngine(const EngineOptions& options) {
   io.run();
   for (auto& w : watchers) w->Stop();
   // Whatever the on-exit action, the run's last lines are delivered before
-  // spotvisor exits (within a deadline).
-  logger.Flush(std::chrono::seconds(10));
+  // spotvisor exits, within a deadline: short when the VM is going down (a
+  // preemption leaves ~30 s in all, and Cloud Logging may be what is slow).
+  logger.Flush(supervisor.SystemGoingDown() ? std::chrono::seconds(3) : std::chrono::seconds(10));
   return supervisor.exit_code();
 }
 

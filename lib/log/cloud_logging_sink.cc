@@ -26,7 +26,9 @@ CloudLoggingSink::CloudLoggingSink(CloudLoggingOptions options, std::unique_ptr<
     : o_(std::move(options)), tokens_(std::move(tokens)), http_(std::move(http)), thread_([this] { Run(); }) {}
 
 CloudLoggingSink::~CloudLoggingSink() {
-  Flush(std::chrono::seconds(5));
+  // Owners flush with their own deadline first (Logger::Flush); this is the
+  // last, short chance for what came after.
+  Flush(std::chrono::seconds(1));
   {
     std::lock_guard lk(mu_);
     stopping_ = true;

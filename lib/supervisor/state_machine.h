@@ -142,6 +142,8 @@ class StateMachine {
   // True once the group leader is reaped (its group may still have members).
   bool leader_exited() const { return leader_exited_; }
   int restarts() const { return restarts_; }
+  // SIGINT/SIGTERM reached spotvisor (systemd stopping it, often the system going down).
+  bool stopped_by_signal() const { return signalled_; }
 
  private:
   void EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline, const std::string& why);

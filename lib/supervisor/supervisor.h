@@ -62,6 +62,11 @@ class Supervisor {
   // Starts the run; the exit code is known once io.run() returns.
   void Start();
   int exit_code() const { return exit_code_; }
+  // The machine is going down under us (preempted, or systemd stopping us):
+  // the last log delivery gets seconds, not the usual budget.
+  bool SystemGoingDown() const {
+    return machine_.stopped_by_signal() || machine_.end_reason() == EndReason::kPreempted;
+  }
 
   // Thread-safe: called from the metadata watcher threads.
   void NotifyPreempted();

@@ -1,6 +1,7 @@
 """Trainer output becomes structured log lines, without floods or broken JSON; the trainer's environment."""
 import json
 import os
+import time
 import pwd
 import unittest
 
@@ -128,6 +129,25 @@ class CloudLoggingTest(SpotvisorTestCase):
         base.update(sets)
         p = self.run_trainer(trainer, sets=base)
         return p, p.wait_exit()
+
+    def test_a_dead_logging_api_does_not_eat_the_preemption_window(self):
+        # GCE gives a preempted VM ~30 s in all. With every entries.write failing,
+        # spotvisor gives the last delivery 3 s (+1 s) once the VM is going down,
+        # not the 10 s (+5 s) it used to: the boot test measured 29.4 s from the
+        # power button to power-off that way.
+        self.logging.fault(503, count=10_000)
+        p = self.run_trainer(["--marker-file", self.path("marker")],
+                             sets={"log-to": "api", "logging-endpoint": self.logging.endpoint, "run-id": "exp1",
+                                   "on-exit": "poweroff", "shutdown-command": "true"})
+        p.wait_trainer_ready()
+        self.wait_parked()
+        self.metadata.set("instance/preempted", "TRUE")
+        p.wait_event("run.end")
+        t_end = time.monotonic()
+        self.assertEqual(p.wait_exit(), 130)
+        waited = time.monotonic() - t_end
+        self.assertLess(waited, 8.0, f"spotvisor took {waited:.1f}s to exit after run.end with Cloud Logging down")
+        self.assertIn("not delivered to Cloud Logging", p.stderr)
 
     def test_events_and_trainer_output_reach_their_logs_before_on_exit(self):
         self.logging.fault(429, count=2)  # retried with backoff
