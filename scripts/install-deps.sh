@@ -7,6 +7,8 @@ packages=(
   cmake ninja-build g++ pkg-config
   libboost-dev libcurl4-openssl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev libblkid-dev catch2
   python3 python3-crcmod rclone fuse3 e2fsprogs curl procps packer
+  # the .deb and its tests (tests/package), the boot test under QEMU (tests/e2e)
+  dpkg-dev debootstrap gpg gpgv xz-utils systemd qemu-system-x86 socat
 )
 missing=()
 for p in "${packages[@]}"; do
