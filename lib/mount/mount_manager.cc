@@ -171,6 +171,11 @@ Status MountManager::MountDataset() {
   }
   auto probe = mounter_.ProbeDevice(*device);
   if (!probe.ok()) return probe.status();
+  if (probe->fstype == "swap" || probe->fstype.find("_member") != std::string::npos || probe->fstype == "crypto_LUKS") {
+    // blkid reports these as TYPE, but there is nothing to mount.
+    return FailedPreconditionError(fmt::format("the dataset disk {} holds {}, not a filesystem that can be mounted",
+                                               *device, probe->fstype));
+  }
   if (probe->fstype.empty()) {
     if (!probe->pttype.empty()) {
       return FailedPreconditionError(fmt::format(

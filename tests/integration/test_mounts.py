@@ -199,6 +199,19 @@ class DatasetDiskTest(MountTestCase):
         with open(img, "rb") as f:
             self.assertEqual(f.read(1 << 20).count(0), 1 << 20, "the disk was not written to")
 
+    def test_a_disk_with_the_wrong_kind_of_signature_is_refused_clearly(self):
+        img = self.image("swap", fstype=None)
+        run("mkswap", img)
+        dev = self.attach(img)
+        name = self.disk_name()
+        self.link(dev, "google-" + name)
+        p = self.job("echo SHOULD-NOT-RUN", {"dataset-disk": name, "dataset-dir": self.path("dataset")})
+        self.assertEqual(p.wait_exit(), 72)
+        msg = p.wait_event("mount.failed")["message"]
+        self.assertIn("swap", msg)
+        self.assertIn("not a filesystem", msg)
+        self.assertFalse(p.find("trainer.start"))
+
     def test_already_mounted_there_is_reused_and_left_alone(self):
         name, dev = self.dataset()
         mnt = self.path("dataset")
@@ -334,6 +347,24 @@ class BucketMountTest(MountTestCase):
         p2.wait_event("mount.stale")
         self.assertEqual(self.gcs.get_object_bytes(self.BUCKET, "again.txt"), b"again\n")
         self.assertEqual(mounted_at(mnt), [])
+
+    def test_a_read_only_storage_scope_is_warned_about(self):
+        # Seed 002's trap: the default scope lets the VM read the bucket, not write it.
+        self.metadata.set("instance/service-accounts/default/scopes",
+                          "https://www.googleapis.com/auth/devstorage.read_only\n"
+                          "https://www.googleapis.com/auth/logging.write\n")
+        p = self.job("true", {"bucket": f"gs://{self.BUCKET}", "bucket-mount": self.path("result"),
+                              "mount-driver": "rclone", "sync-interval": "0"}, env=self.gcs_env)
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-30:]))
+        warning = p.wait_event("mount.scopes")
+        self.assertEqual(warning["severity"], "WARNING")
+        self.assertIn("--scopes=storage-full", warning["message"])
+
+    def test_a_writable_scope_is_not_warned_about(self):
+        p = self.job("true", {"bucket": f"gs://{self.BUCKET}", "bucket-mount": self.path("result"),
+                              "mount-driver": "rclone", "sync-interval": "0"}, env=self.gcs_env)
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-30:]))
+        self.assertFalse(p.find("mount.scopes"))
 
     def test_a_missing_driver_binary_is_named(self):
         p = self.job("echo SHOULD-NOT-RUN", {"bucket": f"gs://{self.BUCKET}", "bucket-mount": self.path("result"),
