@@ -446,7 +446,7 @@ int RunEngine(const EngineOptions& options) {
   }
   so.notifier = MakeSystemdNotifier();
   std::unique_ptr<Mounter> mounter;
-  if (!config.dataset_disk.empty() || !config.scratch_disk.empty() || !config.bucket_mount.empty()) {
+  if (HasMounts(config)) {
     MountOptions mo;
     mo.dataset_disk = config.dataset_disk;
     mo.dataset_dir = config.dataset_dir;

@@ -100,6 +100,11 @@ ConfigResult ResolveConfig(const ConfigInputs& inputs);
 // "KEY=value" for --set; the error says what was wrong.
 StatusOr<std::pair<std::string, std::string>> ParseSetFlag(const std::string& arg);
 
+// Anything to mount (issue #4): a dataset disk, a scratch disk or the bucket.
+inline bool HasMounts(const Config& c) {
+  return !c.dataset_disk.empty() || !c.scratch_disk.empty() || !c.bucket_mount.empty();
+}
+
 // The environment variables spotvisor gives every trainer, on top of `env`.
 std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c);
 

@@ -136,39 +136,48 @@ Status MountManager::MountAll() {
   return OkStatus();
 }
 
-Status MountManager::MountDataset() {
-  auto t0 = clock_.Now();
-  DeviceWait w{o_.dataset_disk, o_.timeout, std::chrono::milliseconds(250), o_.by_id_dir};
+// The disk named `disk` (waited for), and what is mounted on `dir` now: the
+// same disk (reused, recorded as not ours) or nothing; anything else is an
+// error.
+StatusOr<MountManager::FoundDisk> MountManager::FindDisk(const char* what, const std::string& disk, const std::string& dir) {
+  DeviceWait w{disk, o_.timeout, std::chrono::milliseconds(250), o_.by_id_dir};
   auto device = WaitForDevice(w, clock_, sleeper_, [&](const std::vector<std::string>& looked) {
     Event(Severity::kInfo, "mount.waiting",
-          fmt::format("waiting up to {} for the dataset disk \"{}\" to appear", FormatDuration(o_.timeout), o_.dataset_disk),
-          {{"what", "dataset"}, {"disk", o_.dataset_disk}, {"looked_for", looked}});
+          fmt::format("waiting up to {} for the {} disk \"{}\" to appear", FormatDuration(o_.timeout), what, disk),
+          {{"what", what}, {"disk", disk}, {"looked_for", looked}});
   });
   if (!device.ok()) return device.status();
-  auto user_flags = ParseMountOptions(o_.dataset_options);
-  if (!user_flags.ok()) return InvalidArgumentError("dataset-mount-options: " + user_flags.status().message());
+  if (auto s = PrepareMountPoint(dir); !s.ok()) return s;
+  struct stat dev_st;
+  if (stat(device->c_str(), &dev_st) != 0) return ErrnoToStatus(errno, "stat " + *device);
+  auto existing = At(dir);
+  if (!existing.ok()) return existing.status();
+  if (!*existing) return FoundDisk{*device, false};
+  auto const& e = **existing;
+  if (e.major != major(dev_st.st_rdev) || e.minor != minor(dev_st.st_rdev)) {
+    return FailedPreconditionError(fmt::format("{} already has {} ({}) mounted on it, not the {} disk {}: refusing to mount "
+                                               "over it",
+                                               dir, e.source, e.fstype, what, *device));
+  }
+  mounted_.push_back({what, dir, false});
+  Event(Severity::kInfo, "mount.reused",
+        fmt::format("the {} disk {} is already mounted on {} ({}, {}): using it as it is", what, *device, dir, e.fstype,
+                    e.read_only() ? "read-only" : "read-write"),
+        {{"what", what}, {"device", *device}, {"dir", dir}, {"fstype", e.fstype}});
+  return FoundDisk{*device, true};
+}
+
+Status MountManager::MountDataset() {
+  auto t0 = clock_.Now();
   for (auto const& opt : SplitOn(o_.dataset_options, ',')) {
     if (opt == "rw") return InvalidArgumentError("dataset-mount-options: the dataset disk is always mounted read-only (drop \"rw\")");
   }
-  if (auto s = PrepareMountPoint(o_.dataset_dir); !s.ok()) return s;
-  struct stat dev_st;
-  if (stat(device->c_str(), &dev_st) != 0) return ErrnoToStatus(errno, "stat " + *device);
-  auto existing = At(o_.dataset_dir);
-  if (!existing.ok()) return existing.status();
-  if (*existing) {
-    auto const& e = **existing;
-    if (e.major == major(dev_st.st_rdev) && e.minor == minor(dev_st.st_rdev)) {
-      mounted_.push_back({"dataset", o_.dataset_dir, false});
-      Event(Severity::kInfo, "mount.reused",
-            fmt::format("the dataset disk {} is already mounted on {} ({}, {}): using it as it is", *device, o_.dataset_dir,
-                        e.fstype, e.read_only() ? "read-only" : "READ-WRITE"),
-            {{"what", "dataset"}, {"device", *device}, {"dir", o_.dataset_dir}, {"fstype", e.fstype}});
-      return OkStatus();
-    }
-    return FailedPreconditionError(fmt::format("{} already has {} ({}) mounted on it, not the dataset disk {}: refusing to "
-                                               "mount over it",
-                                               o_.dataset_dir, e.source, e.fstype, *device));
-  }
+  auto user_flags = ParseMountOptions(o_.dataset_options);
+  if (!user_flags.ok()) return InvalidArgumentError("dataset-mount-options: " + user_flags.status().message());
+  auto found = FindDisk("dataset", o_.dataset_disk, o_.dataset_dir);
+  if (!found.ok()) return found.status();
+  if (found->reused) return OkStatus();
+  auto const* device = &found->device;
   auto probe = mounter_.ProbeDevice(*device);
   if (!probe.ok()) return probe.status();
   if (probe->fstype == "swap" || probe->fstype.find("_member") != std::string::npos || probe->fstype == "crypto_LUKS") {
@@ -205,31 +214,10 @@ Status MountManager::MountDataset() {
 
 Status MountManager::MountScratch() {
   auto t0 = clock_.Now();
-  DeviceWait w{o_.scratch_disk, o_.timeout, std::chrono::milliseconds(250), o_.by_id_dir};
-  auto device = WaitForDevice(w, clock_, sleeper_, [&](const std::vector<std::string>& looked) {
-    Event(Severity::kInfo, "mount.waiting",
-          fmt::format("waiting up to {} for the scratch disk \"{}\" to appear", FormatDuration(o_.timeout), o_.scratch_disk),
-          {{"what", "scratch"}, {"disk", o_.scratch_disk}, {"looked_for", looked}});
-  });
-  if (!device.ok()) return device.status();
-  if (auto s = PrepareMountPoint(o_.scratch_dir); !s.ok()) return s;
-  struct stat dev_st;
-  if (stat(device->c_str(), &dev_st) != 0) return ErrnoToStatus(errno, "stat " + *device);
-  auto existing = At(o_.scratch_dir);
-  if (!existing.ok()) return existing.status();
-  if (*existing) {
-    auto const& e = **existing;
-    if (e.major == major(dev_st.st_rdev) && e.minor == minor(dev_st.st_rdev)) {
-      mounted_.push_back({"scratch", o_.scratch_dir, false});
-      Event(Severity::kInfo, "mount.reused",
-            fmt::format("the scratch disk {} is already mounted on {}: using it as it is", *device, o_.scratch_dir),
-            {{"what", "scratch"}, {"device", *device}, {"dir", o_.scratch_dir}, {"fstype", e.fstype}});
-      return OkStatus();
-    }
-    return FailedPreconditionError(fmt::format("{} already has {} ({}) mounted on it, not the scratch disk {}: refusing to "
-                                               "mount over it",
-                                               o_.scratch_dir, e.source, e.fstype, *device));
-  }
+  auto found = FindDisk("scratch", o_.scratch_disk, o_.scratch_dir);
+  if (!found.ok()) return found.status();
+  if (found->reused) return OkStatus();
+  auto const* device = &found->device;
   auto probe = mounter_.ProbeDevice(*device);
   if (!probe.ok()) return probe.status();
   bool formatted = false;

@@ -78,6 +78,11 @@ class MountManager {
     std::string dir;
     bool ours = true;  // false: was already mounted; left alone at the end
   };
+  struct FoundDisk {
+    std::string device;
+    bool reused = false;
+  };
+  StatusOr<FoundDisk> FindDisk(const char* what, const std::string& disk, const std::string& dir);
   Status MountDataset();
   Status MountScratch();
   Status MountBucket();

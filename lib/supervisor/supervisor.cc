@@ -133,7 +133,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.maintenance_stop_lead = c.maintenance_stop_lead;
   o.preemption_stop_lead = c.preemption_stop_lead;
   o.on_failure_hold = c.on_failure_hold;
-  o.mounts = !c.dataset_disk.empty() || !c.scratch_disk.empty() || !c.bucket_mount.empty();
+  o.mounts = HasMounts(c);
   // Each step waits up to mount-timeout; formatting a scratch disk may take
   // minutes more.
   o.mount_timeout = 3 * c.mount_timeout + std::chrono::minutes(10);
