@@ -74,13 +74,9 @@ std::string Hostname() {
   return std::string(buf);
 }
 
-bool Under(const std::string& path, const std::string& dir) {
-  return !dir.empty() && (path == dir || StartsWith(path, dir + "/"));
-}
-
 bool UnderMount(const Config& c, const std::string& path) {
-  return (!c.dataset_disk.empty() && Under(path, c.dataset_dir)) || (!c.scratch_disk.empty() && Under(path, c.scratch_dir)) ||
-         Under(path, c.bucket_mount);
+  return (!c.dataset_disk.empty() && PathIsUnder(path, c.dataset_dir)) ||
+         (!c.scratch_disk.empty() && PathIsUnder(path, c.scratch_dir)) || PathIsUnder(path, c.bucket_mount);
 }
 
 std::vector<std::string> BaseEnv(const std::optional<UserInfo>& user) {
@@ -475,8 +471,7 @@ int RunEngine(const EngineOptions& options) {
       mo.check_bucket = [check] { return check->CheckAccess(); };
     }
     mounter = MakeSystemMounter();
-    so.mount_sleeper = std::make_shared<CancellableSleeper>();
-    so.mounts = std::make_shared<MountManager>(std::move(mo), *mounter, *so.children, clock, *so.mount_sleeper, logger);
+    so.mounts = std::make_shared<MountManager>(std::move(mo), *mounter, *so.children, clock, logger);
     if (!config.bucket_mount.empty() && metadata.available) WarnAboutScopes(*metadata_client, logger);
   }
   Supervisor supervisor(io, clock, logger, std::move(so), signals);

@@ -69,4 +69,11 @@ std::vector<std::string> SplitOn(std::string_view s, char sep) {
   }
 }
 
+bool PathIsUnder(std::string_view path, std::string_view dir) {
+  if (dir.empty()) return false;
+  while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+  if (path == dir) return true;
+  return path.size() > dir.size() && StartsWith(path, dir) && (dir == "/" || path[dir.size()] == '/');
+}
+
 }  // namespace spotvisor

@@ -9,6 +9,8 @@ namespace spotvisor {
 std::string_view Trim(std::string_view s);
 std::vector<std::string> SplitLines(std::string_view s);
 bool StartsWith(std::string_view s, std::string_view prefix);
+// path is dir or lies below it ("/a/b" is under "/a", "/ab" is not); an empty dir has nothing under it.
+bool PathIsUnder(std::string_view path, std::string_view dir);
 // Split on one character; empty fields are kept.
 std::vector<std::string> SplitOn(std::string_view s, char sep);
 // Edit distance, for did-you-mean suggestions on misspelt keys.

@@ -21,5 +21,20 @@ TEST_CASE("edit distance and line splitting") {
   CHECK(Trim("  x \t") == "x");
 }
 
+
+TEST_CASE("PathIsUnder compares whole path components") {
+  CHECK(PathIsUnder("/mnt/scratch/ckpt", "/mnt/scratch"));
+  CHECK(PathIsUnder("/mnt/scratch", "/mnt/scratch"));
+  CHECK(PathIsUnder("/mnt/scratch/x", "/mnt/scratch/"));
+  CHECK_FALSE(PathIsUnder("/mnt/scratch2", "/mnt/scratch"));
+  CHECK_FALSE(PathIsUnder("/mnt", "/mnt/scratch"));
+  CHECK_FALSE(PathIsUnder("/mnt/x", ""));
+  CHECK(PathIsUnder("/anything", "/"));
+}
+
+TEST_CASE("SplitOn keeps empty fields") {
+  CHECK(SplitOn("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
+  CHECK(SplitOn("", ',') == std::vector<std::string>{""});
+}
 }  // namespace
 }  // namespace spotvisor

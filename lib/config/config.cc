@@ -344,13 +344,18 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   if (c.sync_via_mount && c.bucket_mount.empty()) {
     res.Error("sync-via", "mount needs bucket-mount (the directory the bucket is mounted on)");
   }
-  auto under = [](const std::string& path, const std::string& dir) {
-    return !dir.empty() && (path == dir || StartsWith(path, dir + "/"));
-  };
-  if (under(c.checkpoint_dir, c.bucket_mount)) {
+  if (PathIsUnder(c.checkpoint_dir, c.bucket_mount)) {
     res.Error("checkpoint-dir", fmt::format("\"{}\" is inside bucket-mount {}: keep checkpoints on a local disk (they are "
                                             "synced to the bucket)",
                                             c.checkpoint_dir, c.bucket_mount));
+  }
+  // status.json is written from the start, before anything is mounted.
+  for (auto [dir, used] : {std::pair{&c.dataset_dir, !c.dataset_disk.empty()}, std::pair{&c.scratch_dir, !c.scratch_disk.empty()},
+                           std::pair{&c.bucket_mount, !c.bucket_mount.empty()}}) {
+    if (used && PathIsUnder(c.state_dir, *dir)) {
+      res.Error("state-dir", fmt::format("\"{}\" is on {}, which is mounted only after spotvisor starts writing its status there",
+                                         c.state_dir, *dir));
+    }
   }
   if (r.errors.empty()) res.ExpandExecForm(c);
   if (r.errors.empty()) r.config = std::move(c);

@@ -96,8 +96,13 @@ StatusOr<std::vector<std::string>> FuseCommand(const MountOptions& o, std::vecto
 }
 
 MountManager::MountManager(MountOptions options, Mounter& mounter, ChildRegistry& children, const Clock& clock,
-                           Sleeper& sleeper, Logger& logger)
-    : o_(std::move(options)), mounter_(mounter), children_(children), clock_(clock), sleeper_(sleeper), logger_(logger) {}
+                           Logger& logger)
+    : o_(std::move(options)), mounter_(mounter), children_(children), clock_(clock), logger_(logger) {}
+
+void MountManager::Cancel() {
+  cancelled_ = true;
+  sleeper_.Cancel();
+}
 
 MountManager::~MountManager() {
   if (fuse_reader_.joinable()) fuse_reader_.join();
@@ -128,6 +133,7 @@ Status MountManager::MountAll() {
                           std::pair{&o_.scratch_disk, &MountManager::MountScratch},
                           std::pair{&o_.bucket_mount, &MountManager::MountBucket}}) {
     if (disk->empty()) continue;
+    if (cancelled_) return CancelledError("mounting was cancelled (out of time)");
     if (auto s = (this->*fn)(); !s.ok()) return s;
   }
   for (auto const& d : o_.dirs_after_mount) {
@@ -203,6 +209,7 @@ Status MountManager::MountDataset() {
   MountFlags flags = *user_flags;
   flags.flags |= MS_RDONLY;
   if (!recovery.empty()) flags.data = recovery + (flags.data.empty() ? "" : "," + flags.data);
+  if (cancelled_) return CancelledError("mounting was cancelled (out of time)");
   if (auto s = mounter_.Mount(*device, o_.dataset_dir, probe->fstype, flags); !s.ok()) return s;
   mounted_.push_back({"dataset", o_.dataset_dir, true});
   Event(Severity::kInfo, "mount.done",
@@ -247,6 +254,7 @@ Status MountManager::MountScratch() {
   MountFlags flags;
   flags.flags = MS_NOATIME;
   flags.data = "discard";
+  if (cancelled_) return CancelledError("mounting was cancelled (out of time)");
   if (auto s = mounter_.Mount(*device, o_.scratch_dir, probe->fstype, flags); !s.ok()) return s;
   mounted_.push_back({"scratch", o_.scratch_dir, true});
   if (formatted && o_.owner && geteuid() == 0 && chown(o_.scratch_dir.c_str(), o_.owner->uid, o_.owner->gid) != 0) {
@@ -294,12 +302,14 @@ Status MountManager::MountBucket() {
   so.argv = *argv;
   so.env = env;
   so.capture_output = true;
-  auto p = children_.Spawn(so, [this](int status) {
-    pid_t pid = fuse_pid_.exchange(0);
-    if (on_fuse_exit_) on_fuse_exit_(pid, status);
-  });
+  auto p = children_.Spawn(
+      so,
+      [this](int status) {
+        pid_t pid = fuse_pid_.exchange(0);
+        if (on_fuse_exit_) on_fuse_exit_(pid, status);
+      },
+      [this](pid_t pid) { fuse_pid_ = pid; });
   if (!p.ok()) return Status(p.status().code(), fmt::format("starting {}: {}", o_.driver, p.status().message()));
-  fuse_pid_ = p->pid;
   Event(Severity::kInfo, "mount.fuse_start",
         fmt::format("started {} (pid {}) to mount {} on {}", o_.driver, p->pid, BucketName(o_.bucket), o_.bucket_mount),
         {{"what", "bucket"}, {"driver", o_.driver}, {"pid", p->pid}, {"argv", *argv}});
@@ -345,6 +355,10 @@ Status MountManager::MountBucket() {
     if (pid_t pid = fuse_pid_.load(); pid > 0) {
       killpg(pid, SIGTERM);
       if (!children_.Wait(pid, std::chrono::seconds(5))) killpg(pid, SIGKILL);
+    }
+    // It may have mounted just as it failed the check: never leave it behind.
+    if (auto e = At(o_.bucket_mount); e.ok() && *e && (*e)->fstype.rfind("fuse", 0) == 0) {
+      mounter_.Unmount(o_.bucket_mount, true);
     }
     return s;
   }
@@ -414,7 +428,7 @@ std::vector<std::string> MountManager::UnmountAll() {
     Status s = mounter_.Unmount(it->dir, false);
     // A process that is still exiting may hold it for a moment.
     for (int i = 0; !s.ok() && s.message().find("busy") != std::string::npos && i < 20; ++i) {
-      sleeper_.SleepFor(std::chrono::milliseconds(250));
+      unmount_sleeper_.SleepFor(std::chrono::milliseconds(250));
       s = mounter_.Unmount(it->dir, false);
     }
     bool lazy = false;

@@ -27,6 +27,10 @@
 
 namespace spotvisor {
 
+// How long the FUSE driver may take to exit after its unmount (its last
+// uploads); the supervisor's unmounting phase is budgeted from it.
+inline constexpr std::chrono::milliseconds kFuseExitWait{60'000};
+
 struct MountOptions {
   std::string dataset_disk, dataset_dir = "/mnt/dataset", dataset_options;
   std::string scratch_disk, scratch_dir = "/mnt/scratch";
@@ -39,14 +43,13 @@ struct MountOptions {
   std::optional<UserInfo> owner;     // the trainer's user: owns the FUSE files, a new scratch fs
   std::vector<std::string> base_env;  // environment the FUSE daemon starts from
   std::chrono::milliseconds timeout{60'000};  // per step: a device to appear, a FUSE mount to be ready
-  std::chrono::milliseconds unmount_timeout{60'000};  // the FUSE daemon's exit (its last uploads)
+  std::chrono::milliseconds unmount_timeout = kFuseExitWait;  // the FUSE daemon's exit (its last uploads)
   std::string by_id_dir = "/dev/disk/by-id";
   // Created (owned by `owner`) after the mounts, as they may live on one.
   std::vector<std::string> dirs_after_mount;
   // Checks the bucket exists and may be read before it is mounted (the API).
   std::function<Status()> check_bucket;
 
-  bool any() const { return !dataset_disk.empty() || !scratch_disk.empty() || !bucket_mount.empty(); }
 };
 
 // The command line that mounts the bucket, without the binary's own path
@@ -56,8 +59,7 @@ StatusOr<std::vector<std::string>> FuseCommand(const MountOptions& o, std::vecto
 
 class MountManager {
  public:
-  MountManager(MountOptions options, Mounter& mounter, ChildRegistry& children, const Clock& clock, Sleeper& sleeper,
-               Logger& logger);
+  MountManager(MountOptions options, Mounter& mounter, ChildRegistry& children, const Clock& clock, Logger& logger);
   ~MountManager();
 
   // Stops at the first failure; what was mounted until then stays recorded
@@ -71,6 +73,9 @@ class MountManager {
   // Called on the reaping thread when the FUSE daemon exits.
   void set_on_fuse_exit(std::function<void(pid_t, int)> f) { on_fuse_exit_ = std::move(f); }
   bool unmounting() const { return unmounting_.load(); }
+  // Thread-safe: cuts MountAll's waits short and stops it before its next
+  // step (the mounting phase ran out of time). Unmounting is not affected.
+  void Cancel();
 
  private:
   struct Mounted {
@@ -97,7 +102,9 @@ class MountManager {
   Mounter& mounter_;
   ChildRegistry& children_;
   const Clock& clock_;
-  Sleeper& sleeper_;
+  CancellableSleeper sleeper_;          // MountAll's waits; Cancel() cuts them
+  CancellableSleeper unmount_sleeper_;  // UnmountAll's (never cancelled)
+  std::atomic<bool> cancelled_{false};
   Logger& logger_;
   std::vector<Mounted> mounted_;
   std::atomic<pid_t> fuse_pid_{0};

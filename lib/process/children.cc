@@ -12,10 +12,14 @@
 
 namespace spotvisor {
 
-StatusOr<SpawnedProcess> ChildRegistry::Spawn(const SpawnOptions& options, OnExit on_exit) {
+StatusOr<SpawnedProcess> ChildRegistry::Spawn(const SpawnOptions& options, OnExit on_exit,
+                                             const std::function<void(pid_t)>& on_spawned) {
   std::lock_guard<std::mutex> l(mu_);
   auto p = spotvisor::Spawn(options);
-  if (p.ok()) watched_[p->pid] = std::move(on_exit);
+  if (p.ok()) {
+    watched_[p->pid] = std::move(on_exit);
+    if (on_spawned) on_spawned(p->pid);
+  }
   return p;
 }
 

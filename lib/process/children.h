@@ -25,7 +25,10 @@ class ChildRegistry {
   // Called with the raw wait status, on whichever thread reaped the child.
   using OnExit = std::function<void(int wait_status)>;
 
-  StatusOr<SpawnedProcess> Spawn(const SpawnOptions& options, OnExit on_exit = {});
+  // on_spawned runs under the registry's lock, before the child's exit can be
+  // delivered: record the pid there, and on_exit never sees it unrecorded.
+  StatusOr<SpawnedProcess> Spawn(const SpawnOptions& options, OnExit on_exit = {},
+                                 const std::function<void(pid_t)>& on_spawned = {});
 
   // The reaper: waitpid(-1, WNOHANG) until nothing is left; statuses of
   // registered children go to them, every other one to `other`.

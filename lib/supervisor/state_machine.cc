@@ -99,6 +99,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             started_ = now;
             if (options_.max_runtime.count() > 0) max_runtime_at_ = now + options_.max_runtime;
             if (e.already_preempted || e.maintenance_terminate) {
+              preempted_ = e.already_preempted;
               reason_ = e.already_preempted ? EndReason::kPreempted : EndReason::kMaintenance;
               exit_code_ = kExitPreemptedBeforeStart;
               Log(Severity::kWarning, e.already_preempted ? "preemption.detected" : "maintenance.detected",
@@ -119,9 +120,11 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
           [&](const MountsDone& e) {
             if (phase_ != Phase::kMounting) return;
             if (!e.ok && !mount_cancelled_) {
-              reason_ = EndReason::kMountFailed;
-              exit_code_ = kExitMountFailed;
               Log(Severity::kError, "mount.failed", "mounting failed; not starting the trainer: " + e.error, {{"error", e.error}});
+              if (!reason_) {  // a preemption or stop signal meanwhile says more
+                reason_ = EndReason::kMountFailed;
+                exit_code_ = kExitMountFailed;
+              }
             }
             if (reason_) {  // failed, or preempted / stopped while mounting
               if (*reason_ == EndReason::kPreempted || *reason_ == EndReason::kMaintenance) exit_code_ = kExitPreemptedBeforeStart;
@@ -184,6 +187,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             if (phase_ == Phase::kStopping && leader_exited_) BeginDraining(now, out);
           },
           [&](const PreemptionNotice&) {
+            preempted_ = true;
             bool lead = phase_ == Phase::kRunning && options_.preemption_stop_lead.count() > 0;
             Log(Severity::kWarning, "preemption.detected",
                 lead ? fmt::format("instance/preempted is TRUE: syncing now, stopping the trainer in {} (preemption-stop-lead)",
@@ -347,10 +351,12 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
               case Phase::kMounting:
                 if (!mount_cancelled_) {
                   mount_cancelled_ = true;
-                  reason_ = EndReason::kMountFailed;
-                  exit_code_ = kExitMountFailed;
-                  Log(Severity::kError, "mount.failed",
-                      fmt::format("mounting did not finish within {}; not starting the trainer", FormatDuration(options_.mount_timeout)));
+                  if (!reason_) {
+                    reason_ = EndReason::kMountFailed;
+                    exit_code_ = kExitMountFailed;
+                  }
+                  std::string error = fmt::format("mounting did not finish within {}", FormatDuration(options_.mount_timeout));
+                  Log(Severity::kError, "mount.failed", error + "; not starting the trainer", {{"error", error}});
                   out.push_back(CancelMounts{});
                   EnterPhase(Phase::kMounting, now, std::chrono::milliseconds(10'000), "cancelling the mounts");
                 } else {
@@ -362,7 +368,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 }
                 break;
               case Phase::kUnmounting:
-                Log(Severity::kError, "mount.unmount_timeout",
+                Log(Severity::kError, "mount.unmount_deadline",
                     fmt::format("unmounting did not finish within {}; going on", FormatDuration(options_.unmount_timeout)));
                 AfterTeardown(now, out);
                 break;
@@ -485,6 +491,12 @@ void StateMachine::StopFromIdle(EndReason reason, SteadyTime now, std::vector<Ac
 // started waits twice as long each time, so a crash loop cannot spin.
 bool StateMachine::MaybeRestart(SteadyTime now, std::vector<Action>& out) {
   if (*reason_ != EndReason::kFailed || !options_.restart_on_failure) return false;
+  if (signalled_ || preempted_) {
+    Log(Severity::kInfo, "restart.skipped",
+        signalled_ ? "the trainer failed, but spotvisor is being stopped: not restarting it"
+                   : "the trainer failed, but the VM is being preempted: not restarting it");
+    return false;
+  }
   if (restarts_ >= options_.max_restarts) {
     Log(Severity::kError, "restart.exhausted",
         fmt::format("trainer failed again after {} restart(s): max-restarts reached, the run ends as failed", restarts_),
@@ -536,6 +548,9 @@ void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
 }
 
 void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
+  // The power button's SIGTERM and preempted=TRUE arrive in either order
+  // (or preempted=TRUE first with preemption-stop-lead): it is a preemption.
+  if (preempted_ && reason_ == EndReason::kStopped) reason_ = EndReason::kPreempted;
   nlohmann::json f = {{"reason", EndReasonName(*reason_)}, {"exit_code", exit_code_},
                       {"duration_s", Seconds(now - started_)}};
   if (trainer_ran_) f["trainer_runtime_s"] = Seconds(now - trainer_started_);
@@ -547,14 +562,8 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
   // A preempted VM is being stopped or deleted by GCE already, as its
   // --instance-termination-action says; on-exit on top could contradict that
   // (delete a VM meant to be restarted).
-  bool preempted = *reason_ == EndReason::kPreempted;
-  bool run_it = options_.run_on_exit && !signalled_ && !preempted && !on_exit_started_;
-  if (!run_it) {
-    Log(Severity::kInfo, "shutdown.skipped",
-        !options_.run_on_exit ? "on-exit is none: leaving the machine running"
-        : signalled_          ? "spotvisor was stopped by a signal: not running on-exit"
-                              : "the VM is being preempted: GCE stops or deletes it (--instance-termination-action), "
-                                "so on-exit is not run");
+  if (!options_.run_on_exit || OnExitVetoed() || on_exit_started_) {
+    SkipOnExit();
     Teardown(now, out, false);
     return;
   }
@@ -583,7 +592,42 @@ void StateMachine::Teardown(SteadyTime now, std::vector<Action>& out, bool then_
   AfterTeardown(now, out);
 }
 
+bool StateMachine::OnExitVetoed() const { return signalled_ || preempted_; }
+
+void StateMachine::SkipOnExit() {
+  Log(Severity::kInfo, "shutdown.skipped",
+      !options_.run_on_exit ? "on-exit is none: leaving the machine running"
+      : signalled_          ? "spotvisor was stopped by a signal: not running on-exit"
+                            : "the VM is being preempted: GCE stops or deletes it (--instance-termination-action), "
+                              "so on-exit is not run");
+}
+
+bool StateMachine::Ending() const {
+  if (signalled_) return true;
+  switch (phase_) {
+    case Phase::kStopping:
+    case Phase::kUnmounting:
+    case Phase::kFinishing:
+    case Phase::kDone: return true;
+    case Phase::kDraining:
+    case Phase::kSyncing: {
+      if (!reason_) return false;
+      bool failed = *reason_ == EndReason::kFailed;
+      // A crash that may be restarted, or a failure that will be held, is not the end yet.
+      if (failed && phase_ == Phase::kDraining && options_.restart_on_failure && !preempted_) return false;
+      if (failed && options_.on_failure_hold.count() > 0 && options_.run_on_exit && !preempted_) return false;
+      return true;
+    }
+    default: return false;
+  }
+}
+
 void StateMachine::AfterTeardown(SteadyTime now, std::vector<Action>& out) {
+  if (on_exit_after_teardown_ && OnExitVetoed()) {
+    // A stop signal or a preemption arrived while unmounting or holding.
+    SkipOnExit();
+    on_exit_after_teardown_ = false;
+  }
   if (!on_exit_after_teardown_) {
     EnterPhase(Phase::kDone, now, std::nullopt, "run ended");
     out.push_back(ExitProcess{exit_code_});

@@ -144,6 +144,11 @@ class StateMachine {
   int restarts() const { return restarts_; }
   // SIGINT/SIGTERM reached spotvisor (systemd stopping it, often the system going down).
   bool stopped_by_signal() const { return signalled_; }
+  // instance/preempted was seen TRUE at some point.
+  bool preempted() const { return preempted_; }
+  // The run is over or being ended (not a crash that may be restarted, not a
+  // hold): what systemd hears as STOPPING=1.
+  bool Ending() const;
 
  private:
   void EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline, const std::string& why);
@@ -154,6 +159,10 @@ class StateMachine {
   // Unmount what was mounted (if anything), then on-exit or exit.
   void Teardown(SteadyTime now, std::vector<Action>& out, bool then_on_exit);
   void AfterTeardown(SteadyTime now, std::vector<Action>& out);
+  // No on-exit after a stop signal (the system is going down) or a preemption
+  // (GCE stops or deletes the VM itself).
+  bool OnExitVetoed() const;
+  void SkipOnExit();
   void AfterMounts(SteadyTime now, std::vector<Action>& out);
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
@@ -187,6 +196,7 @@ class StateMachine {
   EndReason scheduled_reason_ = EndReason::kMaintenance;
   bool on_exit_started_ = false;
   bool signalled_ = false;  // SIGINT/SIGTERM to spotvisor: no on-exit, a second one escalates
+  bool preempted_ = false;  // any PreemptionNotice: no on-exit, no restart
   bool mounts_active_ = false;   // StartMounts was issued and not undone yet
   bool mount_cancelled_ = false;
   bool on_exit_after_teardown_ = false;

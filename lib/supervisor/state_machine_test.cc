@@ -689,7 +689,7 @@ TEST_CASE("an unmount that hangs past its deadline does not keep the VM up") {
   h.On(TrainerExited{100, 1, 0});
   Only<StartUnmounts>(h.On(LeftoversGone{}));
   Only<RunOnExit>(h.Advance(60s));
-  CHECK(h.Logged("mount.unmount_timeout"));
+  CHECK(h.Logged("mount.unmount_deadline"));
 }
 
 TEST_CASE("SIGTERM during a hold unmounts before exiting") {
@@ -735,6 +735,106 @@ TEST_CASE("SIGTERM first, then preempted=TRUE: still reported as a preemption, n
   h.On(TrainerExited{100, 0, SIGINT});
   Only<ExitProcess>(h.On(LeftoversGone{}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("a stop signal or a preemption while unmounting cancels on-exit") {
+  for (int which = 0; which < 2; ++which) {
+    auto o = MountOptions();
+    o.sync = false;
+    Harness h(o);
+    h.On(StartEvent{});
+    h.On(MountsDone{true, ""});
+    h.On(TrainerSpawned{100});
+    h.On(TrainerExited{100, 0, 0});
+    Only<StartUnmounts>(h.On(LeftoversGone{}));
+    if (which == 0) {
+      CHECK(h.On(StopSignal{SIGTERM}).empty());
+    } else {
+      CHECK(h.On(PreemptionNotice{}).empty());
+    }
+    INFO(which);
+    Only<ExitProcess>(h.On(UnmountsDone{}));
+    CHECK(h.Logged("shutdown.skipped"));
+    CHECK(h.Last("run.end").fields["reason"] == "completed");
+  }
+}
+
+TEST_CASE("preempted while the final sync of a completed run runs: no on-exit") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  CHECK(h.On(PreemptionNotice{}).empty());
+  Only<ExitProcess>(h.On(SyncDone{true, true}));
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+}
+
+TEST_CASE("preemption-stop-lead, then the power button: run.end still says preempted") {
+  auto o = SyncOptions();
+  o.preemption_stop_lead = 20s;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  Only<SyncNow>(h.On(PreemptionNotice{}));
+  CHECK(Only<SignalTrainer>(h.On(StopSignal{SIGTERM})).signo == SIGINT);
+  h.On(TrainerExited{100, 0, SIGINT});
+  h.On(LeftoversGone{});
+  Only<ExitProcess>(h.On(SyncDone{true, true}));
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("a mount failure after a preemption or a stop signal keeps their exit code") {
+  {
+    Harness h(MountOptions());
+    h.On(StartEvent{});
+    h.On(PreemptionNotice{});
+    Only<StartUnmounts>(h.On(MountsDone{false, "no disk"}));
+    CHECK(h.machine.exit_code() == 75);
+    CHECK(h.Last("run.end").fields["reason"] == "preempted");
+    Only<ExitProcess>(h.On(UnmountsDone{}));
+  }
+  {
+    Harness h(MountOptions());
+    h.On(StartEvent{});
+    h.On(StopSignal{SIGTERM});
+    Only<StartUnmounts>(h.On(MountsDone{false, "no disk"}));
+    CHECK(h.machine.exit_code() == 128 + SIGTERM);
+  }
+}
+
+TEST_CASE("a crash while spotvisor is being stopped or preempted is not restarted") {
+  Harness h(RestartOptions());
+  h.On(StartEvent{});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 1, 0});  // crashed: draining
+  REQUIRE(h.machine.phase() == Phase::kDraining);
+  CHECK(h.On(StopSignal{SIGTERM}).empty());
+  Only<ExitProcess>(h.On(LeftoversGone{}));
+  CHECK(h.Logged("restart.skipped"));
+  CHECK(h.machine.restarts() == 0);
+}
+
+TEST_CASE("Ending(): not for a crash that may restart or a failure that will hold; yes once stopping") {
+  auto o = Harness::Options();
+  o.on_failure_hold = 10min;
+  Harness h(o);
+  h.StartRunning();
+  CHECK_FALSE(h.machine.Ending());
+  h.On(TrainerExited{100, 1, 0});
+  CHECK_FALSE(h.machine.Ending());  // draining a failure that will be held
+  h.On(LeftoversGone{});
+  REQUIRE(h.machine.phase() == Phase::kHolding);
+  CHECK_FALSE(h.machine.Ending());
+  h.On(Release{});
+  CHECK(h.machine.Ending());
+
+  Harness p;
+  p.StartRunning();
+  p.On(PreemptionNotice{});
+  CHECK(p.machine.Ending());
 }
 }  // namespace
 }  // namespace spotvisor

@@ -115,10 +115,6 @@ class Supervisor::OutputPump {
 
 namespace {
 
-// How long the FUSE daemon may take to exit after its unmount (its last
-// uploads); the unmounting phase adds a margin for the block devices.
-constexpr std::chrono::milliseconds kUnmountWait{60'000};
-
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
@@ -137,7 +133,8 @@ StateMachineOptions MachineOptions(const Config& c) {
   // Each step waits up to mount-timeout; formatting a scratch disk may take
   // minutes more.
   o.mount_timeout = 3 * c.mount_timeout + std::chrono::minutes(10);
-  o.unmount_timeout = kUnmountWait + std::chrono::seconds(30);
+  // The FUSE driver's exit, plus busy retries and a kill for the disks.
+  o.unmount_timeout = kFuseExitWait + std::chrono::seconds(30);
   return o;
 }
 
@@ -218,10 +215,7 @@ void Supervisor::NotifyService() {
   if (!options_.notifier) return;
   Phase p = machine_.phase();
   auto reason = machine_.end_reason();
-  // The run is ending (not a crash that may yet be restarted, not a hold).
-  bool stopping = p == Phase::kStopping || p == Phase::kSyncing || p == Phase::kFinishing || p == Phase::kDone ||
-                  (p == Phase::kDraining && reason && *reason != EndReason::kFailed) ||
-                  (reason && *reason == EndReason::kStopped);
+  bool stopping = machine_.Ending();
   std::string status = PhaseName(p);
   if (reason) status += fmt::format(" ({})", EndReasonName(*reason));
   if (trainer_pid_ > 0 && !trainer_reaped_) status += fmt::format("; trainer pid {}", trainer_pid_);
@@ -296,7 +290,7 @@ void Supervisor::Execute(const Action& a) {
   } else if (std::holds_alternative<struct StartMounts>(a)) {
     StartMounts();
   } else if (std::holds_alternative<CancelMounts>(a)) {
-    if (options_.mount_sleeper) options_.mount_sleeper->Cancel();
+    if (options_.mounts) options_.mounts->Cancel();
   } else if (std::holds_alternative<struct StartUnmounts>(a)) {
     StartUnmounts();
   } else if (std::holds_alternative<struct RunOnExit>(a)) {
@@ -406,7 +400,8 @@ void Supervisor::StartMounts() {
   }
   mounts->set_on_fuse_exit([this](pid_t pid, int status) {
     asio::post(io_, [this, pid, status] {
-      if (options_.mounts->unmounting()) return;
+      // While mounting, the mount step reports the driver's exit itself.
+      if (options_.mounts->unmounting() || machine_.phase() == Phase::kMounting) return;
       // Reads and writes under the mount now fail with "transport endpoint
       // is not connected"; the trainer will see errors of its own.
       logger_.Error("mount.fuse_died",
@@ -581,7 +576,7 @@ void Supervisor::SignalLeftovers(int signo) {
 OnExit Supervisor::OnExitFor(EndReason reason) const {
   auto const& c = options_.config;
   bool success = reason == EndReason::kCompleted || reason == EndReason::kAlreadyDone;
-  bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed;
+  bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed || reason == EndReason::kMountFailed;
   if (success && c.on_exit_success) return *c.on_exit_success;
   if (failure && c.on_exit_failure) return *c.on_exit_failure;
   return c.on_exit;

@@ -46,9 +46,8 @@ struct SupervisorOptions {
   // Every child spawned off the loop (mkfs, the FUSE daemon) is registered
   // here; the supervisor reaps through it. Never null.
   std::shared_ptr<ChildRegistry> children = std::make_shared<ChildRegistry>();
-  // Null when nothing is to be mounted; mount_sleeper cuts its waits short.
+  // Null when nothing is to be mounted.
   std::shared_ptr<MountManager> mounts;
-  std::shared_ptr<CancellableSleeper> mount_sleeper;
 };
 
 class Supervisor {
@@ -65,7 +64,7 @@ class Supervisor {
   // The machine is going down under us (preempted, or systemd stopping us):
   // the last log delivery gets seconds, not the usual budget.
   bool SystemGoingDown() const {
-    return machine_.stopped_by_signal() || machine_.end_reason() == EndReason::kPreempted;
+    return machine_.stopped_by_signal() || machine_.preempted();
   }
 
   // Thread-safe: called from the metadata watcher threads.

@@ -233,6 +233,12 @@ class DatasetDiskTest(MountTestCase):
         self.assertIn("refusing to mount over it", p.wait_event("mount.failed")["message"])
         self.assertEqual([m["fstype"] for m in mounted_at(mnt)], ["tmpfs"], "the other mount is untouched")
 
+    def test_a_state_dir_on_a_mounted_disk_is_a_config_error(self):
+        p = self.job("true", {"scratch-disk": "scratch", "scratch-dir": self.path("scratch"),
+                              "state-dir": self.path("scratch/state")})
+        self.assertEqual(p.wait_exit(), 78)
+        self.assertIn("mounted only after", p.wait_event("config.error")["message"])
+
     def test_rw_in_dataset_mount_options_is_a_config_error(self):
         p = self.job("true", {"dataset-disk": "data", "dataset-mount-options": "rw,noatime"})
         self.assertEqual(p.wait_exit(), 78)
@@ -312,8 +318,7 @@ class BucketMountTest(MountTestCase):
         kinds = [e["event"] for e in p.events]
         self.assertLess(kinds.index("mount.done"), kinds.index("trainer.start"))
         self.assertLess(kinds.index("sync.complete"), kinds.index("mount.unmounted"))
-        self.assertLess(kinds.index("mount.unmounted"), kinds.index("run.end") if False else len(kinds))
-        self.assertIsNotNone(unmounted)
+        self.assertFalse(unmounted["lazy"], "a clean unmount, not a lazy detach")
 
     def test_the_fuse_process_dying_mid_run_is_an_error_event(self):
         mnt = self.path("result")
@@ -450,8 +455,7 @@ env = dict(os.environ,
            RCLONE_CONFIG_STANDIN_ANONYMOUS="true",
            RCLONE_CONFIG_STANDIN_BUCKET_POLICY_ONLY="true",
            RCLONE_CONFIG_STANDIN_ENDPOINT="http://127.0.0.1:" + os.environ["FAKE_GCS_PORT"] + "/storage/v1/")
-os.execvpe("rclone", ["rclone", "mount", "standin:" + bucket, mnt, "--allow-other",
-                      "--vfs-cache-mode", "writes", "--vfs-write-back", "0s"], env)
+os.execvpe("rclone", ["rclone", "mount", "standin:" + bucket, mnt, "--allow-other", "--vfs-cache-mode", "off"], env)
 '''
 
 
