@@ -333,7 +333,13 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   }
   res.OneOf<std::string>("mount-driver", {{"gcsfuse", "gcsfuse"}, {"rclone", "rclone"}}, c.mount_driver);
   for (auto const& w : SplitOn(std::string(Trim(res.Get("mount-options").value)), ' ')) {
-    if (!w.empty()) c.mount_options.push_back(w);
+    if (w.empty()) continue;
+    // The driver must stay spotvisor's child: a daemonized one escapes
+    // supervision (and the unmount's wait for its last uploads).
+    if (w == "--daemon" || StartsWith(w, "--daemon=") || StartsWith(w, "--foreground=")) {
+      res.Error("mount-options", fmt::format("\"{}\": spotvisor runs the mount driver in the foreground, as its child", w));
+    }
+    c.mount_options.push_back(w);
   }
   c.mount_timeout = res.Duration("mount-timeout", c.mount_timeout);
   res.OneOf<bool>("sync-via", {{"api", false}, {"mount", true}}, c.sync_via_mount);

@@ -218,5 +218,32 @@ TEST_CASE("the config template lists every key and reads back what was set") {
   CHECK(bad.status().message() == "unknown key \"usr\"");
 }
 
+
+TEST_CASE("mount keys: a daemonizing driver flag, rw on the dataset, a bucket-mount without a gs:// bucket are errors") {
+  auto in = Base();
+  in.cli_sets = {{"bucket", "gs://results"}, {"bucket-mount", "/mnt/result"}, {"mount-options", "--daemon --stat-cache-ttl 1m"},
+                 {"dataset-disk", "data"}, {"dataset-mount-options", "noatime,rw"}};
+  auto r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 2);
+  auto has = [&](const char* text) {
+    return std::any_of(r.errors.begin(), r.errors.end(), [&](auto const& e) { return e.find(text) != std::string::npos; });
+  };
+  CHECK(has("--set mount-options: \"--daemon\""));
+  CHECK(has("--set dataset-mount-options: the dataset disk is always mounted read-only"));
+
+  auto ok = Base();
+  ok.cli_sets = {{"bucket", "gs://results/exp"}, {"bucket-mount", "/mnt/result"}, {"mount-options", "--stat-cache-ttl 1m"},
+                 {"sync-via", "mount"}};
+  auto r2 = ResolveConfig(ok);
+  REQUIRE(r2.errors.empty());
+  CHECK(r2.config->mount_options == std::vector<std::string>{"--stat-cache-ttl", "1m"});
+  CHECK(r2.config->sync_via_mount);
+
+  auto bad = Base();
+  bad.cli_sets = {{"bucket", "file:///tmp/b"}, {"bucket-mount", "/mnt/result"}};
+  auto r3 = ResolveConfig(bad);
+  REQUIRE(r3.errors.size() == 1);
+  CHECK(r3.errors[0].find("needs a gs:// bucket") != std::string::npos);
+}
 }  // namespace
 }  // namespace spotvisor
