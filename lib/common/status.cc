@@ -33,6 +33,7 @@ Status ErrnoToStatus(int err, const std::string& what) {
     case EPERM: return PermissionDeniedError(std::move(msg));
     case EINVAL: return InvalidArgumentError(std::move(msg));
     case EAGAIN:
+    case EBUSY:  // in use right now: may work later
     case EINTR: return UnavailableError(std::move(msg));
     default: return InternalError(std::move(msg));
   }

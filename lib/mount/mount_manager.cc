@@ -114,7 +114,7 @@ void MountManager::Event(Severity s, const char* event, const std::string& messa
 
 Status MountManager::PrepareMountPoint(const std::string& dir) {
   auto s = MakeDirs(dir, std::nullopt);
-  if (!s.ok() && s.message().find("not a directory") == std::string::npos) {
+  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) {  // FailedPrecondition: exists, not a directory
     // A stale FUSE mount fails stat with ENOTCONN; that is dealt with later.
     struct stat st;
     if (stat(dir.c_str(), &st) != 0 && IsDeadFuse(errno)) return OkStatus();
@@ -427,13 +427,13 @@ std::vector<std::string> MountManager::UnmountAll() {
     pid_t fuse = it->what == "bucket" ? fuse_pid_.load() : 0;
     Status s = mounter_.Unmount(it->dir, false);
     // A process that is still exiting may hold it for a moment.
-    for (int i = 0; !s.ok() && s.message().find("busy") != std::string::npos && i < 20; ++i) {
+    for (int i = 0; !s.ok() && s.code() == StatusCode::kUnavailable && i < 20; ++i) {  // EBUSY
       unmount_sleeper_.SleepFor(std::chrono::milliseconds(250));
       s = mounter_.Unmount(it->dir, false);
     }
     bool lazy = false;
     if (!s.ok()) {
-      bool gone = s.message().find("Invalid argument") != std::string::npos;  // EINVAL: not mounted any more
+      bool gone = s.code() == StatusCode::kInvalidArgument;  // EINVAL: not mounted any more
       if (!gone) {
         lazy = true;
         Status l = mounter_.Unmount(it->dir, true);

@@ -159,6 +159,22 @@ class DatasetDiskTest(MountTestCase):
         self.assertIn("noload", p.wait_event("mount.done")["options"])
         self.assertIn("a.txt", [e["message"] for e in p.find("trainer.output")])
 
+    def test_a_busy_mount_is_retried_then_detached_lazily(self):
+        name, _ = self.dataset()
+        mnt = self.path("dataset")
+        p = self.job("sleep 60", {"dataset-disk": name, "dataset-dir": mnt, "stop-timeout": "2s"})
+        p.wait_event("trainer.start")
+        # Someone outside the run (a user's shell over SSH) holds a file open on it.
+        held = open(os.path.join(mnt, "train", "a.txt"))
+        self.addCleanup(held.close)
+        p.signal(signal.SIGTERM)
+        p.wait_exit(30)
+        failed = p.wait_event("mount.unmount_failed")
+        self.assertIn("busy", failed["error"])
+        self.assertTrue(p.wait_event("mount.unmounted", what="dataset")["lazy"])
+        self.assertEqual(mounted_at(mnt), [], "detached from the tree at once")
+        self.assertEqual(held.read(), "hello dataset\n", "the open file still works until it is closed")
+
     def test_the_kernels_own_name_works_without_googles_udev_rules(self):
         name, _ = self.dataset(link_style="scsi-0Google_PersistentDisk_{}")
         p = self.job("true", {"dataset-disk": name, "dataset-dir": self.path("dataset")})
