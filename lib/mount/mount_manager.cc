@@ -235,7 +235,7 @@ Status MountManager::MountScratch() {
     SpawnOptions so;
     so.argv = {"mkfs.ext4", "-F", "-q", "-m", "0", "-L", kScratchLabel, *device};
     so.env = o_.base_env;
-    auto r = children_.Run(so, std::chrono::minutes(10), &output);
+    auto r = children_.Run(so, std::chrono::minutes(10), &output, &cancelled_);
     if (!r.ok()) return Status(r.status().code(), "formatting the scratch disk: " + r.status().message());
     if (!WIFEXITED(*r) || WEXITSTATUS(*r) != 0) {
       return InternalError(fmt::format("mkfs.ext4 {} {}: {}", *device, DescribeWaitStatus(*r), std::string(Trim(output))));

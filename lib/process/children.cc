@@ -76,7 +76,8 @@ std::optional<int> ChildRegistry::Wait(pid_t pid, std::chrono::milliseconds time
   }
 }
 
-StatusOr<int> ChildRegistry::Run(const SpawnOptions& options, std::chrono::milliseconds timeout, std::string* output) {
+StatusOr<int> ChildRegistry::Run(const SpawnOptions& options, std::chrono::milliseconds timeout, std::string* output,
+                                 const std::atomic<bool>* cancelled) {
   SpawnOptions o = options;
   o.capture_output = true;
   auto p = Spawn(o);
@@ -85,14 +86,19 @@ StatusOr<int> ChildRegistry::Run(const SpawnOptions& options, std::chrono::milli
   std::string out;
   pollfd fds[2] = {{p->stdout_fd, POLLIN, 0}, {p->stderr_fd, POLLIN, 0}};
   int open_fds = 2;
-  bool timed_out = false;
+  bool timed_out = false, was_cancelled = false;
   while (open_fds > 0) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
     }
-    int r = poll(fds, 2, static_cast<int>(left.count()));
+    if (cancelled != nullptr && cancelled->load()) {
+      was_cancelled = true;
+      break;
+    }
+    int slice = static_cast<int>(cancelled != nullptr ? std::min<long>(left.count(), 100) : left.count());
+    int r = poll(fds, 2, slice);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) break;
     for (auto& f : fds) {
@@ -112,9 +118,11 @@ StatusOr<int> ChildRegistry::Run(const SpawnOptions& options, std::chrono::milli
   for (auto& f : fds) {
     if (f.fd >= 0) close(f.fd);
   }
-  if (timed_out) killpg(p->pid, SIGKILL);
-  auto status = Wait(p->pid, timed_out ? std::chrono::milliseconds(5000) : std::max(std::chrono::milliseconds(5000), timeout));
+  if (timed_out || was_cancelled) killpg(p->pid, SIGKILL);
+  auto status = Wait(p->pid, timed_out || was_cancelled ? std::chrono::milliseconds(5000)
+                                                        : std::max(std::chrono::milliseconds(5000), timeout));
   if (output) *output = out;
+  if (was_cancelled) return CancelledError(fmt::format("{} was cancelled: killed", o.argv.empty() ? "?" : o.argv[0]));
   if (timed_out) {
     return DeadlineExceededError(fmt::format("{} did not finish within {} ms: killed", o.argv.empty() ? "?" : o.argv[0],
                                              timeout.count()));

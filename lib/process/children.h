@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -41,9 +42,11 @@ class ChildRegistry {
   bool Registered(pid_t pid);
 
   // Runs a command to completion with its output captured (stdout and
-  // stderr together, last 4 KiB kept); on timeout the process group is
-  // SIGKILLed. Returns the wait status.
-  StatusOr<int> Run(const SpawnOptions& options, std::chrono::milliseconds timeout, std::string* output);
+  // stderr together, last 4 KiB kept); on timeout, or once *cancelled turns
+  // true (checked every 100 ms), the process group is SIGKILLed. Returns the
+  // wait status.
+  StatusOr<int> Run(const SpawnOptions& options, std::chrono::milliseconds timeout, std::string* output,
+                    const std::atomic<bool>* cancelled = nullptr);
 
  private:
   void Deliver(pid_t pid, int status);  // with mu_ held

@@ -64,6 +64,10 @@ TEST_CASE("Run captures output and kills what outlives its timeout") {
   auto slow = reg.Run(Sh("sleep 30"), 200ms, &out);
   REQUIRE_FALSE(slow.ok());
   CHECK(slow.status().code() == StatusCode::kDeadlineExceeded);
+  std::atomic<bool> cancelled{true};
+  auto cut = reg.Run(Sh("sleep 30"), 30s, &out, &cancelled);
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.status().code() == StatusCode::kCancelled);
 }
 
 }  // namespace
