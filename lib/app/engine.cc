@@ -23,6 +23,7 @@
 #include "log/cloud_logging_sink.h"
 #include "log/journald_sink.h"
 #include "metadata/watcher.h"
+#include "mount/guarded_store.h"
 #include "mount/mount_manager.h"
 #include "mount/mounter.h"
 #include "process/spawn.h"
@@ -210,7 +211,9 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
     // The same layout, through the FUSE mount of the whole bucket: files are
     // written to a temporary name, fsynced, closed (gcsfuse uploads on close)
     // and renamed.
-    store = MakeFileObjectStore(c.bucket_mount + "/" + (loc->prefix.empty() ? "" : loc->prefix + "/") + c.run_id);
+    auto dir = c.bucket_mount;
+    store = GuardByMount(MakeFileObjectStore(dir + "/" + (loc->prefix.empty() ? "" : loc->prefix + "/") + c.run_id),
+                         [dir] { return CheckFuseMounted(dir); });
   } else {
     store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }

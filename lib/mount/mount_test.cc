@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "mount/devices.h"
+#include "mount/guarded_store.h"
 #include "mount/mount_manager.h"
 #include "mount/mounter.h"
 #include "mount/mountinfo.h"
@@ -149,5 +150,57 @@ TEST_CASE("the FUSE command lines: gcsfuse stays in the foreground, rclone's rem
   CHECK_FALSE(FuseCommand(o, env).ok());
 }
 
+
+// Records calls; every operation succeeds.
+class CountingStore final : public ObjectStore {
+ public:
+  StatusOr<ObjectInfo> UploadFile(const std::string&, const std::string&, const Precondition&) override { return Hit(); }
+  StatusOr<ObjectInfo> UploadBytes(const std::string&, const std::string&, const Precondition&) override { return Hit(); }
+  StatusOr<std::string> ReadBytes(const std::string&, ObjectInfo*) override {
+    ++calls;
+    return std::string("x");
+  }
+  StatusOr<ObjectInfo> DownloadToFile(const std::string&, const std::string&) override { return Hit(); }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string&) override {
+    ++calls;
+    return std::vector<ObjectInfo>{};
+  }
+  Status Delete(const std::string&, const Precondition&) override {
+    ++calls;
+    return OkStatus();
+  }
+  Status CheckAccess() override {
+    ++calls;
+    return OkStatus();
+  }
+  std::string Describe() const override { return "counting"; }
+  ObjectInfo Hit() {
+    ++calls;
+    return ObjectInfo{};
+  }
+  int calls = 0;
+};
+
+TEST_CASE("sync-via = mount: no operation reaches the directory once the mount is gone") {
+  auto inner = std::make_unique<CountingStore>();
+  auto* counting = inner.get();
+  bool mounted = true;
+  auto store = GuardByMount(std::move(inner), [&] { return mounted ? OkStatus() : UnavailableError("gone"); });
+  CHECK(store->UploadBytes("a", "b", {}).ok());
+  CHECK(store->List("").ok());
+  CHECK(counting->calls == 2);
+  mounted = false;
+  CHECK_FALSE(store->UploadBytes("a", "b", {}).ok());
+  CHECK_FALSE(store->UploadFile("a", "/p", {}).ok());
+  CHECK_FALSE(store->ReadBytes("a").ok());
+  CHECK_FALSE(store->DownloadToFile("a", "/p").ok());
+  CHECK_FALSE(store->List("").ok());
+  CHECK_FALSE(store->Delete("a", {}).ok());
+  CHECK_FALSE(store->CheckAccess().ok());
+  CHECK(counting->calls == 2);
+  CHECK(store->Describe() == "counting");
+  // The real check: / is mounted, but not by FUSE.
+  CHECK(CheckFuseMounted("/").code() == StatusCode::kUnavailable);
+}
 }  // namespace
 }  // namespace spotvisor

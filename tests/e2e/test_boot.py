@@ -255,7 +255,8 @@ class BootTest(unittest.TestCase):
             # stop (caused by the power button) always arrives while it saves.
             "spotvisor-command": exec_form(TRAINER, "--checkpoint-every", "1000", "--sigint-exit-delay", "3000",
                                            "--marker-file", "${SPOTVISOR_CHECKPOINT_DIR}/marker"),
-            "spotvisor-bucket": f"gs://{BUCKET}/{PREFIX}"})
+            "spotvisor-bucket": f"gs://{BUCKET}/{PREFIX}",
+            "spotvisor-dataset-disk": DATASET_DISK})
         self.wait_trainer_started()
         # GCE presses the button on a VM that is up: wait until the trainer has
         # a checkpoint, spotvisor's watcher is parked on instance/preempted and
@@ -302,6 +303,13 @@ class BootTest(unittest.TestCase):
         sigterm = [l for l in marker.splitlines() if l.startswith("sigterm")]
         self.assertFalse(sigterm, "the trainer got SIGTERM while saving after SIGINT "
                                   f"({ns_gap(marker)} after it): marker:\n{marker}")
+        # spotvisor's own mounts come off by its hand, after the final sync,
+        # not by systemd's shutdown racing it (mnt-dataset.mount is stopped
+        # only after spotvisor.service).
+        unmounted = self.event("mount.unmounted")
+        self.assertEqual((unmounted.get("dir"), unmounted.get("lazy")), ("/mnt/dataset", False), unmounted)
+        self.assertNotRegex(self.vm.serial(), r"Unmounting mnt-dataset\.mount",
+                            "systemd unmounted the dataset disk itself during the shutdown")
 
     # ------------------------------------------------------------------ (3)
     def test_3_invalid_config_is_reported_and_the_vm_powers_off(self):

@@ -431,6 +431,26 @@ class BucketMountTest(MountTestCase):
             self.assertIn("resumed=1", out, via)
         self.assertIn("exp/run1/DONE", self.names("exp/run1/"))
 
+    def test_sync_via_mount_fails_loudly_when_the_mount_is_gone(self):
+        mnt = self.path("result")
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/model.pt"), "w") as f:
+            f.write("weights")
+        sets = {"bucket": f"gs://{self.BUCKET}/exp", "bucket-mount": mnt, "mount-driver": "rclone", "sync-via": "mount",
+                "run-id": "run1", "sync-interval": "0", "sync-settle": "0s", "checkpoint-dir": self.path("ckpt"),
+                "stop-timeout": "2s"}
+        p = self.job("sleep 60", sets, env=self.gcs_env)
+        p.wait_event("trainer.start")
+        run("umount", mnt)  # someone takes the mount away; rclone exits
+        p.wait_event("mount.fuse_died")
+        p.signal(signal.SIGUSR1)  # spotvisor sync
+        failed = p.wait_event("sync.failed", kind="on-demand")
+        self.assertIn("not mounted any more", failed["error"])
+        self.assertEqual(os.listdir(mnt), [], "nothing was written into the bare mount point")
+        self.assertEqual(self.names("exp/"), [], "and nothing reached the bucket either")
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+
     def test_gcsfuse_stand_in_command_line_and_lifecycle(self):
         """gcsfuse cannot be installed here: a stand-in named gcsfuse records
         the command line spotvisor gives it and serves the mount with rclone,

@@ -1,0 +1,68 @@
+#include "mount/guarded_store.h"
+
+#include <fmt/format.h>
+
+#include "mount/mountinfo.h"
+
+namespace spotvisor {
+namespace {
+
+class GuardedStore final : public ObjectStore {
+ public:
+  GuardedStore(std::unique_ptr<ObjectStore> inner, std::function<Status()> check)
+      : inner_(std::move(inner)), check_(std::move(check)) {}
+
+  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre) override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->UploadFile(name, path, pre);
+  }
+  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre) override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->UploadBytes(name, data, pre);
+  }
+  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info) override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->ReadBytes(name, info);
+  }
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path) override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->DownloadToFile(name, path);
+  }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->List(prefix);
+  }
+  Status Delete(const std::string& name, const Precondition& pre) override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->Delete(name, pre);
+  }
+  Status CheckAccess() override {
+    if (auto s = check_(); !s.ok()) return s;
+    return inner_->CheckAccess();
+  }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::unique_ptr<ObjectStore> inner_;
+  std::function<Status()> check_;
+};
+
+}  // namespace
+
+std::unique_ptr<ObjectStore> GuardByMount(std::unique_ptr<ObjectStore> inner, std::function<Status()> check) {
+  return std::make_unique<GuardedStore>(std::move(inner), std::move(check));
+}
+
+Status CheckFuseMounted(const std::string& dir) {
+  auto table = ReadMountInfo();
+  if (!table.ok()) return table.status();
+  auto e = FindMountAt(*table, dir);
+  if (!e || e->fstype.rfind("fuse", 0) != 0) {
+    return UnavailableError(fmt::format("the bucket mount {} is not mounted any more (sync-via = mount): not writing into "
+                                        "the bare directory",
+                                        dir));
+  }
+  return OkStatus();
+}
+
+}  // namespace spotvisor
