@@ -1,6 +1,7 @@
 // The spotvisor command line: argument parsing and help only; everything it
 // does lives in lib/.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -11,6 +12,7 @@
 #include "common/duration.h"
 #include "config/config_file.h"
 #include "config/keys.h"
+#include "sync/sync_engine.h"
 
 namespace {
 
@@ -37,6 +39,8 @@ const char* const kUsage =
     "                                        sync checkpoints to the bucket now\n"
     "  spotvisor release [--state-dir DIR] [--config FILE]\n"
     "                                        end an on-failure-hold now\n"
+    "  spotvisor checkpoint --done [--dir DIR]\n"
+    "                                        (from the trainer) the checkpoint is complete\n"
     "  spotvisor version\n"
     "\n"
     "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
@@ -104,6 +108,16 @@ const std::map<std::string, std::string> kHelp = {
      "Ends an on-failure-hold now: the held daemon goes on to its on-exit action (the same as\n"
      "sending it SIGUSR2). Exit status: 0 released, 2 nothing is being held, 3 spotvisor is not\n"
      "running, 4 no status.\n"},
+    {"checkpoint",
+     "Usage: spotvisor checkpoint --done [--dir DIR]\n"
+     "\n"
+     "Run by the trainer right after it has written a whole checkpoint: touches\n"
+     "DIR/.spotvisor-complete (DIR: --dir, else $SPOTVISOR_CHECKPOINT_DIR). While that marker is\n"
+     "newer than every file in the checkpoint dir, spotvisor may sync the tree at once, without\n"
+     "waiting for sync-settle; a file newer than the marker means a save is under way, and the\n"
+     "tree is not committed until the marker is touched again. The same from Python:\n"
+     "  pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()\n"
+     "Exit status: 0 marked, 1 the marker could not be written, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -114,6 +128,8 @@ struct Args {
   bool template_ = false;
   std::string state_dir;
   std::chrono::milliseconds timeout{600'000};
+  bool done = false;
+  std::string dir;
 };
 
 int Usage(const std::string& problem) {
@@ -144,6 +160,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"status", {"--config", "--state-dir", "--json"}},
         {"sync", {"--config", "--state-dir", "--timeout"}},
         {"release", {"--config", "--state-dir"}},
+        {"checkpoint", {"--done", "--dir"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -172,6 +189,10 @@ int Parse(int argc, char** argv, Args& a) {
       a.template_ = true;
       continue;
     }
+    if (flag == "--done") {
+      a.done = true;
+      continue;
+    }
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
     } else if (i + 1 < argc) {
@@ -184,6 +205,8 @@ int Parse(int argc, char** argv, Args& a) {
       a.engine.config_path_given = true;
     } else if (flag == "--state-dir") {
       a.state_dir = value;
+    } else if (flag == "--dir") {
+      a.dir = value;
     } else if (flag == "--timeout") {
       auto d = spotvisor::ParseDuration(value);
       if (!d.ok()) return Usage("--timeout: " + d.status().message());
@@ -227,6 +250,21 @@ int main(int argc, char** argv) {
   if (a.command == "status") return spotvisor::PrintStatus(StateDir(a), a.json);
   if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);
   if (a.command == "release") return spotvisor::RequestRelease(StateDir(a));
+  if (a.command == "checkpoint") {
+    if (!a.done) return Usage("spotvisor checkpoint: say --done (the only action so far)");
+    std::string dir = a.dir;
+    if (dir.empty()) {
+      const char* env = std::getenv("SPOTVISOR_CHECKPOINT_DIR");
+      if (env == nullptr || *env == '\0') return Usage("spotvisor checkpoint: no --dir and no $SPOTVISOR_CHECKPOINT_DIR");
+      dir = env;
+    }
+    auto s = spotvisor::MarkCheckpointComplete(dir);
+    if (!s.ok()) {
+      std::fprintf(stderr, "spotvisor checkpoint: %s\n", s.message().c_str());
+      return 1;
+    }
+    return 0;
+  }
   if (a.command == "config" && a.template_) {
     if (a.json || a.engine.config_path_given) return Usage("config --template takes only --set");
     auto t = spotvisor::ConfigTemplate(a.engine.sets);

@@ -217,7 +217,18 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
   } else {
     store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }
-  SyncOptions so{c.checkpoint_dir, c.run_id, metadata.instance_name, c.sync_parallelism, c.sync_settle};
+  SyncOptions so;
+  so.checkpoint_dir = c.checkpoint_dir;
+  so.run_id = c.run_id;
+  so.instance = metadata.instance_name;
+  so.parallelism = c.sync_parallelism;
+  so.settle = c.sync_settle;
+  // What this disk last committed or restored: a restart keeps newer local files.
+  so.state_file = c.state_dir + "/checkpoint-state.json";
+  if (auto u = LookupUser(c.user); u.ok() && geteuid() == 0 && u->uid != 0) {
+    so.owner_uid = u->uid;
+    so.owner_gid = u->gid;
+  }
   return std::make_shared<SyncEngine>(std::move(store), std::move(so), clock);
 }
 
@@ -471,7 +482,7 @@ int RunEngine(const EngineOptions& options) {
       // problem (missing bucket, missing permission or scope) up front.
       auto loc = ParseStoreLocation(config.bucket);
       std::shared_ptr<ObjectStore> check = MakeGcsStore(config, loc->bucket, loc->prefix, options.mode, clock);
-      mo.check_bucket = [check] { return check->CheckAccess(); };
+      mo.check_bucket = [check] { return check->CheckAccess(Background()); };
     }
     mounter = MakeSystemMounter();
     so.mounts = std::make_shared<MountManager>(std::move(mo), *mounter, *so.children, clock, logger);

@@ -76,4 +76,16 @@ bool PathIsUnder(std::string_view path, std::string_view dir) {
   return path.size() > dir.size() && StartsWith(path, dir) && (dir == "/" || path[dir.size()] == '/');
 }
 
+std::optional<std::uint64_t> ParseUint64(std::string_view s) {
+  if (s.empty() || s.size() > 20) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
 }  // namespace spotvisor

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,5 +20,8 @@ std::vector<std::string> SplitOn(std::string_view s, char sep);
 std::size_t EditDistance(std::string_view a, std::string_view b);
 // The closest candidate within a small distance, or "" when none is close.
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+// A plain decimal number (digits only, no sign, no spaces) that fits in 64
+// bits; nullopt otherwise. For numbers that come from outside.
+std::optional<std::uint64_t> ParseUint64(std::string_view s);
 
 }  // namespace spotvisor

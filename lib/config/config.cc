@@ -382,6 +382,8 @@ std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c) {
       {"SPOTVISOR_CHECKPOINT_DIR", c.checkpoint_dir},
       // Vertex AI's name for the same thing, so trainers written for it work.
       {"AIP_CHECKPOINT_DIR", c.checkpoint_dir},
+      // Touch it after each complete save (docs/checkpoints.md).
+      {"SPOTVISOR_CHECKPOINT_MARKER", c.checkpoint_dir + "/.spotvisor-complete"},
   };
   if (!c.dataset_disk.empty()) env.emplace_back("SPOTVISOR_DATASET_DIR", c.dataset_dir);
   if (!c.scratch_disk.empty()) env.emplace_back("SPOTVISOR_SCRATCH_DIR", c.scratch_dir);

@@ -12,33 +12,35 @@ class GuardedStore final : public ObjectStore {
   GuardedStore(std::unique_ptr<ObjectStore> inner, std::function<Status()> check)
       : inner_(std::move(inner)), check_(std::move(check)) {}
 
-  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre) override {
+  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre,
+                                  const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->UploadFile(name, path, pre);
+    return inner_->UploadFile(name, path, pre, ctx);
   }
-  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre) override {
+  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre,
+                                   const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->UploadBytes(name, data, pre);
+    return inner_->UploadBytes(name, data, pre, ctx);
   }
-  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info) override {
+  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->ReadBytes(name, info);
+    return inner_->ReadBytes(name, info, ctx);
   }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path) override {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->DownloadToFile(name, path);
+    return inner_->DownloadToFile(name, path, ctx);
   }
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->List(prefix);
+    return inner_->List(prefix, ctx);
   }
-  Status Delete(const std::string& name, const Precondition& pre) override {
+  Status Delete(const std::string& name, const Precondition& pre, const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->Delete(name, pre);
+    return inner_->Delete(name, pre, ctx);
   }
-  Status CheckAccess() override {
+  Status CheckAccess(const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->CheckAccess();
+    return inner_->CheckAccess(ctx);
   }
   std::string Describe() const override { return inner_->Describe(); }
 

@@ -154,22 +154,22 @@ TEST_CASE("the FUSE command lines: gcsfuse stays in the foreground, rclone's rem
 // Records calls; every operation succeeds.
 class CountingStore final : public ObjectStore {
  public:
-  StatusOr<ObjectInfo> UploadFile(const std::string&, const std::string&, const Precondition&) override { return Hit(); }
-  StatusOr<ObjectInfo> UploadBytes(const std::string&, const std::string&, const Precondition&) override { return Hit(); }
-  StatusOr<std::string> ReadBytes(const std::string&, ObjectInfo*) override {
+  StatusOr<ObjectInfo> UploadFile(const std::string&, const std::string&, const Precondition&, const CallContext&) override { return Hit(); }
+  StatusOr<ObjectInfo> UploadBytes(const std::string&, const std::string&, const Precondition&, const CallContext&) override { return Hit(); }
+  StatusOr<std::string> ReadBytes(const std::string&, ObjectInfo*, const CallContext&) override {
     ++calls;
     return std::string("x");
   }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string&, const std::string&) override { return Hit(); }
-  StatusOr<std::vector<ObjectInfo>> List(const std::string&) override {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string&, const std::string&, const CallContext&) override { return Hit(); }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string&, const CallContext&) override {
     ++calls;
     return std::vector<ObjectInfo>{};
   }
-  Status Delete(const std::string&, const Precondition&) override {
+  Status Delete(const std::string&, const Precondition&, const CallContext&) override {
     ++calls;
     return OkStatus();
   }
-  Status CheckAccess() override {
+  Status CheckAccess(const CallContext&) override {
     ++calls;
     return OkStatus();
   }
@@ -186,17 +186,17 @@ TEST_CASE("sync-via = mount: no operation reaches the directory once the mount i
   auto* counting = inner.get();
   bool mounted = true;
   auto store = GuardByMount(std::move(inner), [&] { return mounted ? OkStatus() : UnavailableError("gone"); });
-  CHECK(store->UploadBytes("a", "b", {}).ok());
-  CHECK(store->List("").ok());
+  CHECK(store->UploadBytes("a", "b", {}, Background()).ok());
+  CHECK(store->List("", Background()).ok());
   CHECK(counting->calls == 2);
   mounted = false;
-  CHECK_FALSE(store->UploadBytes("a", "b", {}).ok());
-  CHECK_FALSE(store->UploadFile("a", "/p", {}).ok());
-  CHECK_FALSE(store->ReadBytes("a").ok());
-  CHECK_FALSE(store->DownloadToFile("a", "/p").ok());
-  CHECK_FALSE(store->List("").ok());
-  CHECK_FALSE(store->Delete("a", {}).ok());
-  CHECK_FALSE(store->CheckAccess().ok());
+  CHECK_FALSE(store->UploadBytes("a", "b", {}, Background()).ok());
+  CHECK_FALSE(store->UploadFile("a", "/p", {}, Background()).ok());
+  CHECK_FALSE(store->ReadBytes("a", nullptr, Background()).ok());
+  CHECK_FALSE(store->DownloadToFile("a", "/p", Background()).ok());
+  CHECK_FALSE(store->List("", Background()).ok());
+  CHECK_FALSE(store->Delete("a", {}, Background()).ok());
+  CHECK_FALSE(store->CheckAccess(Background()).ok());
   CHECK(counting->calls == 2);
   CHECK(store->Describe() == "counting");
   // The real check: / is mounted, but not by FUSE.

@@ -60,13 +60,17 @@ class FileObjectStore final : public ObjectStore {
 
   std::string Describe() const override { return "file://" + root_; }
 
-  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre) override {
+  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre,
+                                  const CallContext& ctx) override {
+    if (auto s = ctx.Check("uploading " + path); !s.ok()) return s;
     Fd in(open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (in.fd < 0) return ErrnoToStatus(errno, "opening " + path);
     return Write(name, pre, [&](int out, std::uint32_t& crc, std::uint64_t& size) { return Copy(in.fd, out, crc, size, path); });
   }
 
-  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre) override {
+  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre,
+                                   const CallContext& ctx) override {
+    if (auto s = ctx.Check("writing " + Path(name)); !s.ok()) return s;
     return Write(name, pre, [&](int out, std::uint32_t& crc, std::uint64_t& size) -> Status {
       crc = Crc32c(data);
       size = data.size();
@@ -80,7 +84,8 @@ class FileObjectStore final : public ObjectStore {
     });
   }
 
-  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info) override {
+  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) override {
+    if (auto s = ctx.Check("reading " + Path(name)); !s.ok()) return s;
     Fd in(open(Path(name).c_str(), O_RDONLY | O_CLOEXEC));
     if (in.fd < 0) return ErrnoToStatus(errno, Describe() + "/" + name);
     struct stat st {};
@@ -97,7 +102,8 @@ class FileObjectStore final : public ObjectStore {
     return data;
   }
 
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path) override {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
+    if (auto s = ctx.Check("reading " + Path(name)); !s.ok()) return s;
     Fd in(open(Path(name).c_str(), O_RDONLY | O_CLOEXEC));
     if (in.fd < 0) return ErrnoToStatus(errno, Describe() + "/" + name);
     struct stat st {};
@@ -110,7 +116,8 @@ class FileObjectStore final : public ObjectStore {
     return o;
   }
 
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const CallContext& ctx) override {
+    if (auto s = ctx.Check("listing " + root_); !s.ok()) return s;
     std::vector<ObjectInfo> out;
     std::error_code ec;
     if (!fs::exists(root_, ec)) return out;
@@ -128,7 +135,8 @@ class FileObjectStore final : public ObjectStore {
     return out;
   }
 
-  Status CheckAccess() override {
+  Status CheckAccess(const CallContext& ctx) override {
+    if (auto s = ctx.Check("checking " + root_); !s.ok()) return s;
     std::error_code ec;
     fs::create_directories(root_, ec);
     if (ec) return ErrnoToStatus(ec.value(), "creating " + root_);
@@ -136,7 +144,8 @@ class FileObjectStore final : public ObjectStore {
     return OkStatus();
   }
 
-  Status Delete(const std::string& name, const Precondition& pre) override {
+  Status Delete(const std::string& name, const Precondition& pre, const CallContext& ctx) override {
+    if (auto s = ctx.Check("deleting " + Path(name)); !s.ok()) return s;
     auto lock = Lock();
     if (!lock.ok()) return lock.status();
     struct stat st {};

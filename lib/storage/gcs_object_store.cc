@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/strings.h"
+#include "output/utf8.h"
 #include "retry/retry_loop.h"
 #include "storage/crc32c.h"
 
@@ -25,8 +26,14 @@ constexpr std::size_t kQuantum = 256 * 1024;  // resumable chunks are multiples 
 
 std::string ServerMessage(const HttpResponse& r) {
   auto j = Json::parse(r.body, nullptr, false);
-  if (j.is_object() && j.contains("error") && j["error"].is_object()) return j["error"].value("message", "");
-  return r.body.substr(0, 200);
+  if (j.is_object()) {
+    auto e = j.find("error");
+    if (e != j.end() && e->is_object()) {
+      auto m = e->find("message");
+      if (m != e->end() && m->is_string()) return output::EscapeInvalidUtf8(m->get<std::string>());
+    }
+  }
+  return output::EscapeInvalidUtf8(r.body.substr(0, 200));
 }
 
 // HTTP answers → Status, naming what a user can act on.
@@ -53,19 +60,47 @@ Status HttpError(const HttpResponse& r, const std::string& what, const std::stri
   }
 }
 
-StatusOr<ObjectInfo> ParseObject(const std::string& body, const std::string& prefix) {
-  auto j = Json::parse(body, nullptr, false);
-  if (!j.is_object() || !j.contains("name")) return UnavailableError("unexpected object resource: " + body.substr(0, 200));
+// An object resource from the server: every field checked, nothing thrown.
+StatusOr<ObjectInfo> ParseObject(const Json& j, const std::string& prefix) {
+  auto name = j.is_object() ? j.find("name") : j.end();
+  if (!j.is_object() || name == j.end() || !name->is_string()) return UnavailableError("unexpected object resource");
   ObjectInfo o;
-  std::string name = j["name"].get<std::string>();
-  o.name = prefix.empty() ? name : name.substr(std::min(name.size(), prefix.size() + 1));
-  o.generation = std::atoll(j.value("generation", "0").c_str());
-  o.size = std::strtoull(j.value("size", "0").c_str(), nullptr, 10);
-  if (j.contains("crc32c")) {
-    auto c = Crc32cFromBase64(j["crc32c"].get<std::string>());
-    if (c.ok()) o.crc32c = *c;
+  std::string full = name->get<std::string>();
+  if (!prefix.empty() && full.rfind(prefix + "/", 0) != 0) return UnavailableError("object outside the prefix: " + full);
+  o.name = prefix.empty() ? full : full.substr(prefix.size() + 1);
+  // GCS sends int64/uint64 fields as decimal strings.
+  auto number = [&](const char* key) -> std::optional<std::uint64_t> {
+    auto it = j.find(key);
+    if (it == j.end()) return std::uint64_t{0};
+    if (it->is_number_unsigned()) return it->get<std::uint64_t>();
+    if (!it->is_string()) return std::nullopt;
+    auto v = ParseUint64(it->get<std::string>());
+    if (!v) return std::nullopt;
+    return *v;
+  };
+  auto gen = number("generation");
+  auto size = number("size");
+  if (!gen || !size || *gen > static_cast<std::uint64_t>(INT64_MAX)) return UnavailableError("malformed object resource for " + full);
+  o.generation = static_cast<std::int64_t>(*gen);
+  o.size = *size;
+  if (auto c = j.find("crc32c"); c != j.end() && c->is_string()) {
+    auto crc = Crc32cFromBase64(c->get<std::string>());
+    if (crc.ok()) o.crc32c = *crc;
   }
   return o;
+}
+
+StatusOr<ObjectInfo> ParseObject(const std::string& body, const std::string& prefix) {
+  auto j = Json::parse(body, nullptr, false);
+  auto o = ParseObject(j, prefix);
+  if (!o.ok()) return UnavailableError(o.status().message() + ": " + output::EscapeInvalidUtf8(body.substr(0, 200)));
+  return o;
+}
+
+// x-goog-generation, checked; 0 when absent or malformed.
+std::int64_t HeaderGeneration(const HttpResponse& r) {
+  auto v = ParseUint64(r.Header("x-goog-generation"));
+  return v && *v <= static_cast<std::uint64_t>(INT64_MAX) ? static_cast<std::int64_t>(*v) : 0;
 }
 
 struct Fd {
@@ -102,42 +137,44 @@ class GcsObjectStore final : public ObjectStore {
 
   std::string Describe() const override { return BucketUrl(); }
 
-  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre) override {
-    return Retry([&] { return Multipart(name, data, Crc32c(data), pre); });
+  StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre,
+                                   const CallContext& ctx) override {
+    return Retry(ctx, [&] { return Multipart(name, data, Crc32c(data), pre, ctx); });
   }
 
-  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre) override {
+  StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre,
+                                  const CallContext& ctx) override {
     struct stat st {};
     if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "uploading " + path);
     auto size = static_cast<std::size_t>(st.st_size);
     if (size <= o_.multipart_max_bytes) {
-      return Retry([&]() -> StatusOr<ObjectInfo> {
+      return Retry(ctx, [&]() -> StatusOr<ObjectInfo> {
         Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
         if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
         auto data = ReadChunk(f.fd, size + 1);
         if (!data.ok()) return data.status();
-        if (data->size() != size) return UnavailableError(path + " changed size while being read");
-        return Multipart(name, *data, Crc32c(*data), pre);
+        if (data->size() != size) return FailedPreconditionError(path + " changed size while being read");
+        return Multipart(name, *data, Crc32c(*data), pre, ctx);
       });
     }
-    return Resumable(name, path, size, pre);
+    return Resumable(name, path, size, pre, ctx);
   }
 
-  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info) override {
-    return Retry([&]() -> StatusOr<std::string> {
+  StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) override {
+    return Retry(ctx, [&]() -> StatusOr<std::string> {
       HttpRequest req = Request("GET", ObjectUrl(name) + "?alt=media");
-      auto r = Perform(req);
+      auto r = Perform(req, ctx);
       if (!r.ok()) return r.status();
       if (r->status != 200) return HttpError(*r, "reading " + Url(name), BucketUrl());
       auto crc = CheckHash(*r, Crc32c(r->body), name);
       if (!crc.ok()) return crc.status();
-      if (info) *info = ObjectInfo{name, std::atoll(r->Header("x-goog-generation").c_str()), r->body.size(), *crc};
+      if (info) *info = ObjectInfo{name, HeaderGeneration(*r), r->body.size(), *crc};
       return std::move(r->body);
     });
   }
 
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path) override {
-    return Retry([&]() -> StatusOr<ObjectInfo> {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
+    return Retry(ctx, [&]() -> StatusOr<ObjectInfo> {
       Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
       if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
       std::uint32_t crc = 0;
@@ -160,7 +197,7 @@ class GcsObjectStore final : public ObjectStore {
         }
         return true;
       };
-      auto r = Perform(req);
+      auto r = Perform(req, ctx);
       // Disk full is the user's problem to fix, not the network's: no retry.
       if (!write_error.ok()) {
         return write_error.code() == StatusCode::kInternal ? FailedPreconditionError(write_error.message()) : write_error;
@@ -170,19 +207,19 @@ class GcsObjectStore final : public ObjectStore {
       auto checked = CheckHash(*r, crc, name);
       if (!checked.ok()) return checked.status();
       if (fsync(f.fd) != 0) return ErrnoToStatus(errno, "flushing " + path);
-      return ObjectInfo{name, std::atoll(r->Header("x-goog-generation").c_str()), size, crc};
+      return ObjectInfo{name, HeaderGeneration(*r), size, crc};
     });
   }
 
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const CallContext& ctx) override {
     std::vector<ObjectInfo> out;
     std::string token;
     do {
-      auto page = Retry([&]() -> StatusOr<Json> {
+      auto page = Retry(ctx, [&]() -> StatusOr<Json> {
         std::string url = fmt::format("{}/storage/v1/b/{}/o?prefix={}&fields={}", o_.endpoint, o_.bucket,
                                       UrlEncode(FullName(prefix)), UrlEncode("items(name,generation,size,crc32c),nextPageToken"));
         if (!token.empty()) url += "&pageToken=" + UrlEncode(token);
-        auto r = Perform(Request("GET", url));
+        auto r = Perform(Request("GET", url), ctx);
         if (!r.ok()) return r.status();
         if (r->status != 200) return HttpError(*r, "listing " + BucketUrl(), BucketUrl());
         auto j = Json::parse(r->body, nullptr, false);
@@ -190,21 +227,26 @@ class GcsObjectStore final : public ObjectStore {
         return j;
       });
       if (!page.ok()) return page.status();
-      for (auto const& item : page->value("items", Json::array())) {
-        auto o = ParseObject(item.dump(), o_.prefix);
-        if (o.ok()) out.push_back(*o);
+      auto items = page->find("items");
+      if (items != page->end() && items->is_array()) {
+        for (auto const& item : *items) {
+          auto o = ParseObject(item, o_.prefix);
+          if (o.ok()) out.push_back(*o);
+        }
       }
-      token = page->value("nextPageToken", "");
+      auto next = page->find("nextPageToken");
+      token = next != page->end() && next->is_string() ? next->get<std::string>() : "";
     } while (!token.empty());
     return out;
   }
 
   // A one-item list: it needs storage.objects.list only, which
   // roles/storage.objectAdmin has (unlike storage.buckets.get).
-  Status CheckAccess() override {
-    return Retry([&]() -> Status {
+  Status CheckAccess(const CallContext& ctx) override {
+    return Retry(ctx, [&]() -> Status {
       auto r = Perform(Request("GET", fmt::format("{}/storage/v1/b/{}/o?maxResults=1&prefix={}&fields=items(name)", o_.endpoint,
-                                                  o_.bucket, UrlEncode(FullName("")))));
+                                                  o_.bucket, UrlEncode(FullName("")))),
+                       ctx);
       if (!r.ok()) return r.status();
       if (r->status == 200) return OkStatus();
       if (r->status == 404) {
@@ -214,9 +256,9 @@ class GcsObjectStore final : public ObjectStore {
     });
   }
 
-  Status Delete(const std::string& name, const Precondition& pre) override {
-    auto s = Retry([&]() -> Status {
-      auto r = Perform(Request("DELETE", ObjectUrl(name) + Query(pre, '?')));
+  Status Delete(const std::string& name, const Precondition& pre, const CallContext& ctx) override {
+    auto s = Retry(ctx, [&]() -> Status {
+      auto r = Perform(Request("DELETE", ObjectUrl(name) + Query(pre, '?')), ctx);
       if (!r.ok()) return r.status();
       if (r->status == 204 || r->status == 200 || r->status == 404) return OkStatus();
       return HttpError(*r, "deleting " + Url(name), BucketUrl());
@@ -225,12 +267,52 @@ class GcsObjectStore final : public ObjectStore {
   }
 
  private:
+  // Google's retry strategy, bounded by the context: every wait ends at the
+  // deadline or on cancellation, and an urgent context (the final sync in a
+  // Spot window) retries quickly until its deadline instead of backing off
+  // to 32 s.
   template <typename Fn>
-  auto Retry(Fn&& fn) -> decltype(fn()) {
-    auto retry = o_.make_retry();
-    auto backoff = o_.make_backoff();
-    return RetryLoop(*retry, *backoff, *o_.sleeper, fn);
+  auto Retry(const CallContext& ctx, Fn&& fn) -> decltype(fn()) {
+    using Result = decltype(fn());
+    if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
+    std::unique_ptr<RetryPolicy> retry;
+    std::unique_ptr<BackoffPolicy> backoff;
+    if (ctx.urgent && ctx.deadline) {
+      retry = std::make_unique<RetryForeverPolicy>();
+      backoff = std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(100), std::chrono::seconds(1), 2.0);
+    } else {
+      retry = o_.make_retry();
+      backoff = o_.make_backoff();
+    }
+    ContextSleeper sleeper(ctx, o_.sleeper);
+    auto result = RetryLoop(*retry, *backoff, sleeper, [&]() -> Result {
+      if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
+      return fn();
+    });
+    // A wait cut short by the deadline reads better as what it is.
+    Status st = internal::StatusOf(result);
+    if (st.code() == StatusCode::kCancelled && !ctx.cancelled() && ctx.deadline) {
+      return Result(DeadlineExceededError("out of time after: " + st.message()));
+    }
+    return result;
   }
+
+  // Backoff waits: the injected sleeper (tests) for the delay, cut short by
+  // the context's cancellation and never running past its deadline.
+  class ContextSleeper final : public Sleeper {
+   public:
+    ContextSleeper(const CallContext& ctx, Sleeper* inner) : ctx_(ctx), inner_(inner) {}
+    bool SleepFor(std::chrono::milliseconds d) override {
+      if (ctx_.cancelled()) return false;
+      if (ctx_.deadline && ctx_.Remaining(d) < d) return false;  // the next attempt would start too late
+      if (inner_) return inner_->SleepFor(d) && !ctx_.cancelled();
+      return ctx_.SleepFor(d);
+    }
+
+   private:
+    const CallContext& ctx_;
+    Sleeper* inner_;
+  };
 
   std::string FullName(const std::string& name) const { return o_.prefix.empty() ? name : o_.prefix + "/" + name; }
   std::string BucketUrl() const { return o_.prefix.empty() ? "gs://" + o_.bucket : fmt::format("gs://{}/{}", o_.bucket, o_.prefix); }
@@ -250,25 +332,39 @@ class GcsObjectStore final : public ObjectStore {
     return r;
   }
 
-  StatusOr<HttpResponse> Perform(HttpRequest req) {
+  // One request, its timeout clamped to what the context has left, cut
+  // short at once if the context is cancelled meanwhile.
+  StatusOr<HttpResponse> Perform(HttpRequest req, const CallContext& ctx) {
+    if (auto s = ctx.Check(req.method + " " + req.url); !s.ok()) return s;
     auto auth = tokens_->AuthorizationHeader();
     if (!auth.ok()) return auth.status();
     if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
+    if (ctx.deadline) {
+      auto left = ctx.Remaining(req.timeout);
+      if (left.count() <= 0) return DeadlineExceededError(req.url + ": out of time");
+      req.timeout = left;
+      req.connect_timeout = std::min(req.connect_timeout, left);
+    }
     auto http = AcquireHttp();
-    auto r = http->Perform(req);
-    ReleaseHttp(std::move(http));
+    std::shared_ptr<HttpClient> shared(std::move(http));
+    std::uint64_t sub = 0;
+    if (ctx.cancel) sub = ctx.cancel->Subscribe([shared] { shared->Cancel(); });
+    auto r = shared->Perform(req);
+    if (ctx.cancel) ctx.cancel->Unsubscribe(sub);
+    // A cancelled handle stays cancelled: it is not given back to the pool.
+    if (!ctx.cancelled()) ReleaseHttp(shared);
     return r;
   }
 
   // One curl handle per concurrent request, reused so connections are kept alive.
-  std::unique_ptr<HttpClient> AcquireHttp() {
+  std::shared_ptr<HttpClient> AcquireHttp() {
     std::lock_guard lk(pool_mu_);
     if (pool_.empty()) return o_.make_http();
     auto h = std::move(pool_.back());
     pool_.pop_back();
     return h;
   }
-  void ReleaseHttp(std::unique_ptr<HttpClient> h) {
+  void ReleaseHttp(std::shared_ptr<HttpClient> h) {
     std::lock_guard lk(pool_mu_);
     pool_.push_back(std::move(h));
   }
@@ -288,7 +384,7 @@ class GcsObjectStore final : public ObjectStore {
   }
 
   StatusOr<ObjectInfo> Multipart(const std::string& name, const std::string& data, std::uint32_t crc,
-                                 const Precondition& pre) {
+                                 const Precondition& pre, const CallContext& ctx) {
     Json meta = {{"name", FullName(name)}, {"crc32c", Crc32cToBase64(crc)}};
     std::string boundary;
     std::mt19937_64 rng(RandomSeed());
@@ -304,7 +400,7 @@ class GcsObjectStore final : public ObjectStore {
                                            Query(pre, '&')));
     req.headers = {{"Content-Type", "multipart/related; boundary=" + boundary}};
     req.body = std::move(body);
-    auto r = Perform(std::move(req));
+    auto r = Perform(std::move(req), ctx);
     if (!r.ok()) return r.status();
     if (r->status != 200) return HttpError(*r, "uploading " + Url(name), BucketUrl());
     return Verified(*r, name, crc);
@@ -323,14 +419,14 @@ class GcsObjectStore final : public ObjectStore {
   // Starts a session, then sends chunks; after a failure the session is
   // asked how much it has, and the upload goes on from there.
   StatusOr<ObjectInfo> Resumable(const std::string& name, const std::string& path, std::size_t size,
-                                 const Precondition& pre) {
-    auto session = Retry([&]() -> StatusOr<std::string> {
+                                 const Precondition& pre, const CallContext& ctx) {
+    auto session = Retry(ctx, [&]() -> StatusOr<std::string> {
       auto req = Request("POST", fmt::format("{}/upload/storage/v1/b/{}/o?uploadType=resumable{}", o_.endpoint, o_.bucket,
                                              Query(pre, '&')));
       req.headers = {{"Content-Type", "application/json; charset=UTF-8"},
                      {"X-Upload-Content-Length", std::to_string(size)}};
       req.body = Json{{"name", FullName(name)}}.dump();
-      auto r = Perform(std::move(req));
+      auto r = Perform(std::move(req), ctx);
       if (!r.ok()) return r.status();
       if (r->status != 200 && r->status != 201) return HttpError(*r, "starting upload of " + Url(name), BucketUrl());
       auto loc = r->Header("location");
@@ -346,12 +442,12 @@ class GcsObjectStore final : public ObjectStore {
     std::size_t crc_upto = 0;
     std::uint32_t final_crc = 0;  // of the whole file, once the last chunk was sent
     bool need_query = false;      // after a failure: ask the session where it is
-    return Retry([&]() -> StatusOr<ObjectInfo> {
+    return Retry(ctx, [&]() -> StatusOr<ObjectInfo> {
       for (;;) {
         if (need_query) {
           auto req = Request("PUT", *session);
           req.headers = {{"Content-Range", fmt::format("bytes */{}", size)}};
-          auto r = Perform(std::move(req));
+          auto r = Perform(std::move(req), ctx);
           if (!r.ok()) return r.status();
           // The last chunk arrived but its answer was lost: the upload is done.
           if (r->status == 200 || r->status == 201) return Verified(*r, name, final_crc);
@@ -393,7 +489,7 @@ class GcsObjectStore final : public ObjectStore {
         }
         std::size_t sent = chunk->size();
         req.body = std::move(*chunk);
-        auto r = Perform(std::move(req));
+        auto r = Perform(std::move(req), ctx);
         if (!r.ok()) {
           need_query = true;
           return r.status();
@@ -427,7 +523,7 @@ class GcsObjectStore final : public ObjectStore {
   std::unique_ptr<TokenProvider> tokens_;
   CancellableSleeper default_sleeper_;
   std::mutex pool_mu_;
-  std::vector<std::unique_ptr<HttpClient>> pool_;
+  std::vector<std::shared_ptr<HttpClient>> pool_;
 };
 
 }  // namespace

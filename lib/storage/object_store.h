@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cancel.h"
 #include "common/status.h"
 
 namespace spotvisor {
@@ -26,25 +27,28 @@ struct Precondition {
   std::optional<std::int64_t> if_generation_match;
 };
 
+// Every call takes the operation's CallContext: each request and each retry
+// wait honours its deadline and cancellation (kDeadlineExceeded, kCancelled).
 class ObjectStore {
  public:
   virtual ~ObjectStore() = default;
   // Uploads a local file. The crc32c computed while reading is sent along,
   // so the server rejects corrupted bytes, and is returned in ObjectInfo.
   virtual StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path,
-                                          const Precondition& pre) = 0;
+                                          const Precondition& pre, const CallContext& ctx) = 0;
   virtual StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data,
-                                           const Precondition& pre) = 0;
+                                           const Precondition& pre, const CallContext& ctx) = 0;
   // kNotFound when there is no such object.
-  virtual StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info = nullptr) = 0;
+  virtual StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) = 0;
   // Streams to `path` (which must not exist yet) and verifies the crc32c.
-  virtual StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path) = 0;
-  virtual StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) = 0;
+  virtual StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path,
+                                              const CallContext& ctx) = 0;
+  virtual StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const CallContext& ctx) = 0;
   // Deleting an object that is already gone is not an error.
-  virtual Status Delete(const std::string& name, const Precondition& pre) = 0;
+  virtual Status Delete(const std::string& name, const Precondition& pre, const CallContext& ctx) = 0;
   // Can we list (and so probably use) the store? Run before training, so a
   // missing bucket or a missing permission is found before hours of work.
-  virtual Status CheckAccess() = 0;
+  virtual Status CheckAccess(const CallContext& ctx) = 0;
   // "gs://bucket/prefix" or "file:///dir", for messages.
   virtual std::string Describe() const = 0;
 };

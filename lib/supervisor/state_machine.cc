@@ -189,6 +189,11 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
           [&](const PreemptionNotice&) {
             preempted_ = true;
             bool lead = phase_ == Phase::kRunning && options_.preemption_stop_lead.count() > 0;
+            // With a preemption notice the power button comes `lead` later;
+            // a SIGTERM seen first was the button itself.
+            auto button = now + (options_.preemption_stop_lead.count() > 0 ? options_.preemption_stop_lead
+                                                                             : std::chrono::milliseconds(0));
+            if (!power_button_at_ || button < *power_button_at_) power_button_at_ = button;
             Log(Severity::kWarning, "preemption.detected",
                 lead ? fmt::format("instance/preempted is TRUE: syncing now, stopping the trainer in {} (preemption-stop-lead)",
                                    FormatDuration(options_.preemption_stop_lead))
@@ -232,6 +237,8 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             // already going down (likely the reason for the signal).
             bool first = !signalled_;
             signalled_ = true;
+            // Only a preemption turns this into the power button (see FinalSync).
+            if (!stop_signal_at_) stop_signal_at_ = now;
             Log(Severity::kWarning, "signal.received", fmt::format("spotvisor received {}", SignalName(e.signo)),
                 {{"signal", SignalName(e.signo)}, {"phase", PhaseName(phase_)}});
             switch (phase_) {
@@ -483,8 +490,7 @@ void StateMachine::StopFromIdle(EndReason reason, SteadyTime now, std::vector<Ac
     Finish(now, out);
     return;
   }
-  out.push_back(StartFinalSync{false});
-  EnterPhase(Phase::kSyncing, now, options_.final_sync_timeout, "final sync of the trainer's last checkpoint");
+  BeginFinalSync(false, now, "final sync of the trainer's last checkpoint", out);
 }
 
 // s6-style: restarts are counted, and a trainer that crashes soon after it
@@ -542,9 +548,27 @@ void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
     return;
   }
   bool clean = *reason_ == EndReason::kCompleted;
-  out.push_back(StartFinalSync{clean});
-  EnterPhase(Phase::kSyncing, now, options_.final_sync_timeout,
-             clean ? "final sync, then the DONE marker" : "final sync of the trainer's last checkpoint");
+  BeginFinalSync(clean, now, clean ? "final sync, then the DONE marker" : "final sync of the trainer's last checkpoint", out);
+}
+
+void StateMachine::BeginFinalSync(bool write_done, SteadyTime now, const std::string& why, std::vector<Action>& out) {
+  auto budget = options_.final_sync_timeout;
+  bool urgent = false;
+  if (preempted_) {
+    // The power button: GCE presses it with preempted=TRUE (or `lead` after
+    // it); if spotvisor's SIGTERM came first, that was the button.
+    auto button = power_button_at_.value_or(now);
+    if (stop_signal_at_ && *stop_signal_at_ < button) button = *stop_signal_at_;
+    auto end = button + options_.preemption_window - options_.final_sync_margin;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - now);
+    if (left < budget) {
+      budget = std::max(left, std::chrono::milliseconds(0));
+      urgent = true;
+    }
+  }
+  out.push_back(StartFinalSync{write_done, now + budget, urgent});
+  EnterPhase(Phase::kSyncing, now, budget,
+             urgent ? fmt::format("{} within the Spot window ({} left)", why, FormatDuration(budget)) : why);
 }
 
 void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {

@@ -83,7 +83,13 @@ struct SpawnTrainer {
   int restart_count = 0;
 };
 struct SyncNow { std::string kind; };  // a non-final sync: "restart", "maintenance"
-struct StartFinalSync { bool write_done = false; };  // DONE only after a clean exit
+// DONE only after a clean exit. `deadline`: when the sync must be over
+// (inside the Spot window when preempted); `urgent`: retry quickly within it.
+struct StartFinalSync {
+  bool write_done = false;
+  SteadyTime deadline{};
+  bool urgent = false;
+};
 struct SignalTrainer { int signo; };    // to the trainer's whole process group
 struct SignalLeftovers { int signo; };  // every remaining descendant
 struct RunOnExit {};
@@ -106,6 +112,11 @@ struct StateMachineOptions {
   bool sync = false;         // a bucket is configured: restore first, sync last
   std::chrono::milliseconds restore_timeout{30 * 60'000};
   std::chrono::milliseconds final_sync_timeout{10 * 60'000};
+  // GCE powers a preempted VM off this long after the ACPI power button; the
+  // final sync must be over `final_sync_margin` before that (log delivery,
+  // unmounts).
+  std::chrono::milliseconds preemption_window{30'000};
+  std::chrono::milliseconds final_sync_margin{3'000};
   // Run policies (issue #7).
   bool restart_on_failure = false;
   int max_restarts = 3;
@@ -174,6 +185,9 @@ class StateMachine {
   // A notice with a lead: sync now, stop the trainer at now + lead.
   void ScheduleStop(EndReason reason, std::chrono::milliseconds lead, SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
+  // Issues StartFinalSync and enters kSyncing with its one deadline: the
+  // Spot window when preempted, else final-sync-timeout.
+  void BeginFinalSync(bool write_done, SteadyTime now, const std::string& why, std::vector<Action>& out);
 
   StateMachineOptions options_;
   Emit emit_;
@@ -197,6 +211,8 @@ class StateMachine {
   bool on_exit_started_ = false;
   bool signalled_ = false;  // SIGINT/SIGTERM to spotvisor: no on-exit, a second one escalates
   bool preempted_ = false;  // any PreemptionNotice: no on-exit, no restart
+  std::optional<SteadyTime> power_button_at_;  // when GCE pressed (or will press) it
+  std::optional<SteadyTime> stop_signal_at_;   // the first SIGINT/SIGTERM to spotvisor
   bool mounts_active_ = false;   // StartMounts was issued and not undone yet
   bool mount_cancelled_ = false;
   bool on_exit_after_teardown_ = false;

@@ -279,7 +279,7 @@ void Supervisor::Execute(const Action& a) {
     StartRestore();
   } else if (auto* fs = std::get_if<StartFinalSync>(&a)) {
     sync_timer_.cancel();
-    StartSync("final", true, fs->write_done);
+    StartSync("final", true, fs->write_done, fs);
   } else if (auto* s = std::get_if<SignalTrainer>(&a)) {
     // After the leader is reaped the group may live on; killpg still reaches it.
     if (trainer_pid_ > 0 && killpg(trainer_pid_, s->signo) != 0 && errno != ESRCH) {
@@ -368,6 +368,7 @@ void Supervisor::StartRestore() {
   workers_.emplace_back([this, engine] {
     auto r = engine->Restore();
     asio::post(io_, [this, r = std::move(r)] {
+      if (r.ok() && !r->state_warning.empty()) logger_.Warn("sync.state_not_saved", r->state_warning);
       if (!r.ok()) {
         Dispatch(RestoreDone{false, false, false, r.status().message()});
         return;
@@ -378,7 +379,14 @@ void Supervisor::StartRestore() {
                              fmt::format("{} has a DONE marker: this run already finished; not training again",
                                          options_.sync->Describe()),
                              {{"marker", r->done_marker}}});
+      } else if (r->kept_local) {
+        logger_.Log(LogEvent{Severity::kNotice, "restore.kept_local",
+                             fmt::format("{} file(s) in {} changed since commit #{}, which this disk already holds: keeping "
+                                         "them (newer than the bucket); the next sync uploads them",
+                                         r->local_changes, options_.config.checkpoint_dir, r->sequence),
+                             {{"sequence", r->sequence}, {"local_changes", r->local_changes}}});
       } else if (r->resumed) {
+        if (!r->bucket_won.empty()) logger_.Warn("restore.bucket_newer", r->bucket_won, {{"sequence", r->sequence}});
         logger_.Info("restore.complete",
                      fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s", r->sequence,
                                  r->files, r->files_downloaded, r->bytes_downloaded, r->seconds),
@@ -439,60 +447,127 @@ void Supervisor::ArmSyncTimer() {
 }
 
 // Periodic and on-demand syncs are skipped while one is running; the others
-// (final, restart, maintenance) queue behind it on the engine's lock.
-void Supervisor::StartSync(const std::string& kind, bool final, bool write_done) {
+// (final, restart, maintenance) queue behind it on the engine's lock. A
+// final sync first cancels a periodic one in flight, so a sync asleep in
+// Google's 32 s backoff cannot eat the Spot window.
+void Supervisor::StartSync(const std::string& kind, bool final, bool write_done, const StartFinalSync* final_sync) {
   bool skippable = kind == "periodic" || kind == "on-demand";
   if (skippable && (sync_in_flight_ || !restored_)) {
     logger_.Info("sync.skipped", fmt::format("{} sync skipped: {}", kind, restored_ ? "a sync is already running" : "not restored yet"));
     return;
   }
-  if (skippable) sync_in_flight_ = true;
   auto engine = options_.sync;
+  if (auto fenced = engine->Fenced(); !fenced.empty()) {
+    // Said once, as an ERROR, when it happened; from then on this VM only
+    // notes that it does not sync.
+    logger_.Info("sync.skipped", fmt::format("{} sync skipped: another VM owns run-id \"{}\" (see sync.fenced)", kind,
+                                             options_.config.run_id));
+    if (final) asio::post(io_, [this] { Dispatch(SyncDone{false, true}); });
+    if (kind == "restart") asio::post(io_, [this] { Dispatch(SyncDone{false, false}); });
+    return;
+  }
+  CallContext ctx;
+  ctx.clock = &clock_;
+  ctx.cancel = std::make_shared<CancelSource>();
+  if (skippable) {
+    sync_in_flight_ = true;
+    periodic_cancel_ = ctx.cancel;
+  } else if (periodic_cancel_ && (final || kind == "preemption" || kind == "maintenance")) {
+    periodic_cancel_->Cancel();
+  }
+  if (final_sync) {
+    // A little before the phase's own deadline, so the sync reports what
+    // did not make it before the machine moves on.
+    auto budget = final_sync->deadline - clock_.Now();
+    auto slack = std::min<std::chrono::steady_clock::duration>(std::chrono::seconds(1), budget / 10);
+    ctx.deadline = final_sync->deadline - std::max<std::chrono::steady_clock::duration>(slack, {});
+    ctx.urgent = final_sync->urgent;
+  }
+  SyncKind mode = SyncKind::kPeriodic;
+  // Before a restart, or after the trainer stopped, nothing is still being
+  // written: the tree is taken as it is (unless the marker says a save was cut off).
+  if (final || kind == "restart") mode = write_done ? SyncKind::kCompleted : SyncKind::kStopped;
   int exit_code = machine_.exit_code();
-  workers_.emplace_back([this, engine, kind, final, write_done, exit_code] {
-    // Before a restart the trainer is dead: nothing is still being written,
-    // so sync-settle must not hold back its last checkpoint.
-    auto r = engine->Sync(final || kind == "restart");
+  workers_.emplace_back([this, engine, kind, final, write_done, exit_code, ctx, mode] {
+    auto r = engine->Sync(mode, ctx);
     Status done;
-    if (r.ok() && write_done) done = engine->WriteDone(exit_code);
+    if (r.ok() && !r->deferred && write_done) done = engine->WriteDone(exit_code, ctx);
+    if (r.ok() && r->deferred && write_done) done = FailedPreconditionError("nothing was committed");
     asio::post(io_, [this, kind, final, r = std::move(r), done] { OnSyncDone(kind, final, r, done); });
   });
 }
 
 void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done) {
-  if (kind == "periodic" || kind == "on-demand") sync_in_flight_ = false;
+  if (kind == "periodic" || kind == "on-demand") {
+    sync_in_flight_ = false;
+    periodic_cancel_.reset();
+  }
+  bool committed = r.ok() && !r->deferred;
   if (r.ok()) {
+    for (auto const& name : r->skipped_names) {
+      logger_.Warn("sync.unstorable_name",
+                   fmt::format("not syncing \"{}\": {}; Cloud Storage cannot hold that name (rename the file to sync it)",
+                               name, UnstorableReason(name).empty() ? "not valid UTF-8" : UnstorableReason(name)),
+                   {{"path", name}});
+    }
+    if (!r->settle_warning.empty()) logger_.Warn("sync.settle_defeated", r->settle_warning, {{"kind", kind}});
+    if (!r->state_warning.empty()) logger_.Warn("sync.state_not_saved", r->state_warning);
+  }
+  if (committed) {
     double mbps = r->seconds > 0 ? static_cast<double>(r->bytes_uploaded) / 1e6 / r->seconds : 0;
-    std::string deferred =
-        r->files_deferred ? fmt::format("; {} still being written, left for next time", r->files_deferred) : "";
+    std::string how = r->judged_by.empty() ? "" : fmt::format(" [complete by {}{}]", r->judged_by, r->staged ? ", copied first" : "");
     std::string message =
-        r->files_uploaded == 0 && r->files_deleted == 0
-            ? fmt::format("{} sync: nothing new to upload ({} file(s) as in commit #{}){}", kind, r->files_total, r->sequence,
-                          deferred)
+        r->files_uploaded == 0 && r->files_deleted == 0 && r->sequence == 0
+            ? fmt::format("{} sync: nothing to upload yet", kind)
+        : r->files_uploaded == 0 && r->files_deleted == 0
+            ? fmt::format("{} sync: nothing new to upload ({} file(s) as in commit #{})", kind, r->files_total, r->sequence)
             : fmt::format("{} sync #{}: {} of {} file(s) uploaded, {} bytes in {:.2f}s ({:.1f} MB/s){}", kind, r->sequence,
-                          r->files_uploaded, r->files_total, r->bytes_uploaded, r->seconds, mbps, deferred);
+                          r->files_uploaded, r->files_total, r->bytes_uploaded, r->seconds, mbps, how);
     logger_.Info("sync.complete", message,
                  {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
                   {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},
-                  {"duration_s", r->seconds}, {"throughput_mbps", mbps}});
+                  {"duration_s", r->seconds}, {"throughput_mbps", mbps}, {"attempts", r->attempts},
+                  {"judged_by", r->judged_by}, {"staged", r->staged}});
     last_sync_ = {{"kind", kind}, {"ok", true}, {"sequence", r->sequence}, {"time", FormatRfc3339(clock_.WallNow())},
                   {"files_uploaded", r->files_uploaded}, {"bytes", r->bytes_uploaded}};
+  } else if (r.ok()) {
+    // Nothing committed: the tree was mid-save. Not a failure of the sync.
+    Severity sev = final ? Severity::kWarning : Severity::kInfo;
+    std::string message =
+        final ? fmt::format("{} sync: the trainer's last save was not complete ({}); the bucket keeps commit #{}{}", kind,
+                            r->deferred_reason, r->sequence,
+                            r->not_uploaded.empty() ? "" : fmt::format(" ({} file(s) not uploaded)", r->not_uploaded.size()))
+              : fmt::format("{} sync: not now, {}; the bucket keeps commit #{}", kind, r->deferred_reason, r->sequence);
+    logger_.Log(LogEvent{sev, "sync.deferred", message,
+                         {{"kind", kind}, {"sequence", r->sequence}, {"reason", r->deferred_reason},
+                          {"files_deferred", r->files_deferred}, {"attempts", r->attempts}}});
+    last_sync_ = {{"kind", kind}, {"ok", true}, {"deferred", true}, {"sequence", r->sequence},
+                  {"reason", r->deferred_reason}, {"time", FormatRfc3339(clock_.WallNow())}};
   } else {
-    logger_.Error("sync.failed", fmt::format("{} sync failed: {}", kind, r.status().message()),
-                  {{"kind", kind}, {"error", r.status().message()}});
+    auto fenced = options_.sync->Fenced();
+    if (!fenced.empty() && !fence_logged_) {
+      fence_logged_ = true;
+      logger_.Error("sync.fenced", fenced, {{"kind", kind}, {"run_id", options_.config.run_id}});
+    } else {
+      logger_.Error("sync.failed", fmt::format("{} sync failed: {}", kind, r.status().message()),
+                    {{"kind", kind}, {"error", r.status().message()}});
+    }
     last_sync_ = {{"kind", kind}, {"ok", false}, {"error", r.status().message()}, {"time", FormatRfc3339(clock_.WallNow())}};
   }
-  if (r.ok() && !done.ok()) logger_.Error("done.failed", "could not write the DONE marker: " + done.message());
-  if (r.ok() && done.ok() && final && machine_.phase() == Phase::kSyncing && machine_.end_reason() == EndReason::kCompleted) {
+  if (committed && !done.ok()) logger_.Error("done.failed", "could not write the DONE marker: " + done.message());
+  if (committed && done.ok() && final && machine_.phase() == Phase::kSyncing && machine_.end_reason() == EndReason::kCompleted) {
     logger_.Info("done.written", options_.sync->Describe() + "/DONE written: a VM booting with this run-id will not train again");
   }
   if (final) {
+    // A final sync that found the last save cut off committed nothing, and
+    // says so above; the previous commit stands, which is what it is for.
     Dispatch(SyncDone{r.ok() && done.ok(), true});  // the machine's transition writes status.json
     return;
   }
   // `spotvisor sync` waits for last_sync to change in status.json.
   if (machine_.phase() != Phase::kDone) {
-    WriteStatus(LogEvent{Severity::kInfo, r.ok() ? "sync.complete" : "sync.failed", last_sync_.dump(), {}});
+    WriteStatus(LogEvent{Severity::kInfo, committed ? "sync.complete" : r.ok() ? "sync.deferred" : "sync.failed",
+                         last_sync_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), {}});
   }
   if (kind == "restart") Dispatch(SyncDone{r.ok(), false});
 }

@@ -99,7 +99,8 @@ class Supervisor {
   void StartRestore();
   void StartMounts();
   void StartUnmounts();
-  void StartSync(const std::string& kind, bool final, bool write_done);
+  // `final_sync`: the deadline and urgency of a final sync (else none).
+  void StartSync(const std::string& kind, bool final, bool write_done, const StartFinalSync* final_sync = nullptr);
   void ArmSyncTimer();
   void ArmIdleTimer();
   void OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done);
@@ -121,6 +122,10 @@ class Supervisor {
   std::optional<IdleDetector> idle_;
   std::vector<std::thread> workers_;  // joined in the destructor
   bool sync_in_flight_ = false;       // periodic or on-demand
+  // Cancels the periodic/on-demand sync in flight (asleep in backoff, say)
+  // when the final sync must start now.
+  std::shared_ptr<CancelSource> periodic_cancel_;
+  bool fence_logged_ = false;
   bool restored_ = false;
   nlohmann::json last_sync_;
   CancellableSleeper compute_sleeper_;

@@ -1,9 +1,11 @@
 #include "sync/sync_engine.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
@@ -12,8 +14,10 @@
 
 #include <fmt/format.h>
 
+#include "common/random.h"
 #include "common/strings.h"
 #include "log/logger.h"
+#include "output/utf8.h"
 #include "storage/crc32c.h"
 
 namespace spotvisor {
@@ -26,13 +30,139 @@ constexpr char kManifest[] = "manifest.json";
 constexpr char kDone[] = "DONE";
 constexpr char kObjectsDir[] = "checkpoints/";
 constexpr char kRestoreTmp[] = ".spotvisor-restore.";
+// GCS allows 1024 bytes for a whole object name; this leaves room for the
+// bucket prefix, the run-id, "checkpoints/" and "~SEQ.NONCE".
+constexpr std::size_t kMaxRelPath = 900;
+constexpr int kMaxDepth = 64;
 
-std::int64_t MtimeNs(const struct stat& st) {
-  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+std::string Escaped(const std::string& s) { return output::EscapeInvalidUtf8(s); }
+
+// JSON text of `j`; text from outside is escaped, never thrown on.
+std::string Dump(const Json& j, int indent = -1) { return j.dump(indent, ' ', false, Json::error_handler_t::replace); }
+
+std::string RandomHex(int bytes) {
+  std::string out;
+  while (static_cast<int>(out.size()) < bytes * 2) out += fmt::format("{:016x}", RandomSeed());
+  return out.substr(0, static_cast<std::size_t>(bytes) * 2);
 }
 
-double Since(SteadyTime start, const Clock& clock) {
-  return std::chrono::duration<double>(clock.Now() - start).count();
+std::int64_t Ns(const timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
+
+// What identifies one version of a file: any write, truncate, rename over it
+// or metadata change moves ctime, which a trainer cannot set back.
+struct FileStat {
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+  std::int64_t ctime_ns = 0;
+  ino_t ino = 0;
+  dev_t dev = 0;
+  bool operator==(const FileStat& o) const {
+    return size == o.size && mtime_ns == o.mtime_ns && ctime_ns == o.ctime_ns && ino == o.ino && dev == o.dev;
+  }
+  bool operator!=(const FileStat& o) const { return !(*this == o); }
+};
+
+FileStat StatOf(const struct stat& st) {
+  return FileStat{static_cast<std::uint64_t>(st.st_size), Ns(st.st_mtim), Ns(st.st_ctim), st.st_ino, st.st_dev};
+}
+
+std::optional<FileStat> LstatRegular(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return StatOf(st);
+}
+
+double Since(SteadyTime start, const Clock& clock) { return std::chrono::duration<double>(clock.Now() - start).count(); }
+
+// Temporary names of the common frameworks: what appears under them is a
+// save in progress, renamed into place when complete.
+bool IsInProgressDir(const std::string& name) {
+  return StartsWith(name, "tmp-checkpoint-")                            // Hugging Face Trainer (4.35+)
+         || name.find(".orbax-checkpoint-tmp-") != std::string::npos;  // Orbax / Flax
+}
+bool IsInProgressFile(const std::string& name) {
+  return name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;  // write-then-rename
+}
+
+struct ScanEntry {
+  std::string rel;
+  FileStat st;
+};
+
+struct Scan {
+  std::vector<ScanEntry> files;  // in the order found
+  std::vector<std::string> unstorable;
+  std::optional<FileStat> marker;
+  std::int64_t newest_ns = 0;
+};
+
+// Walks the tree with lstat: symlinks are not followed, entries that vanish
+// while we look are simply not part of this snapshot.
+Status Walk(const std::string& root, const std::string& rel_dir, int depth, Scan& out) {
+  std::string dir = rel_dir.empty() ? root : root + "/" + rel_dir;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) {
+    if (!rel_dir.empty() && (errno == ENOENT || errno == ENOTDIR)) return OkStatus();
+    return ErrnoToStatus(errno, "reading " + Escaped(dir));
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(d, closedir);
+  for (;;) {
+    errno = 0;
+    dirent* e = readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) return ErrnoToStatus(errno, "reading " + Escaped(dir));
+      break;
+    }
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    std::string rel = rel_dir.empty() ? name : rel_dir + "/" + name;
+    struct stat st {};
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      return ErrnoToStatus(errno, "reading " + Escaped(dir + "/" + name));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      if (depth == 0 && name == kStagingDir) continue;
+      if (IsInProgressDir(name) || depth + 1 >= kMaxDepth) continue;
+      if (auto s = Walk(root, rel, depth + 1, out); !s.ok()) return s;
+      continue;
+    }
+    if (!S_ISREG(st.st_mode)) continue;  // symlinks, sockets, fifos are not checkpoints
+    if (depth == 0 && name == kCompleteMarker) {
+      out.marker = StatOf(st);
+      continue;
+    }
+    if (name.find(kRestoreTmp) != std::string::npos || IsInProgressFile(name)) continue;
+    if (!UnstorableReason(rel).empty()) {
+      out.unstorable.push_back(rel);
+      continue;
+    }
+    FileStat fst = StatOf(st);
+    out.newest_ns = std::max(out.newest_ns, fst.mtime_ns);
+    out.files.push_back(ScanEntry{rel, fst});
+  }
+  return OkStatus();
+}
+
+StatusOr<Scan> ScanTree(const std::string& root) {
+  Scan scan;
+  struct stat st {};
+  if (stat(root.c_str(), &st) != 0) {
+    if (errno == ENOENT) return scan;  // nothing written yet
+    return ErrnoToStatus(errno, "reading " + Escaped(root));
+  }
+  if (auto s = Walk(root, "", 0, scan); !s.ok()) return s;
+  std::sort(scan.files.begin(), scan.files.end(), [](auto const& a, auto const& b) { return a.rel < b.rel; });
+  return scan;
+}
+
+// Every file of the snapshot is still exactly as it was scanned.
+bool Unchanged(const std::string& root, const Scan& scan) {
+  for (auto const& e : scan.files) {
+    auto now = LstatRegular(root + "/" + e.rel);
+    if (!now || *now != e.st) return false;
+  }
+  return true;
 }
 
 // Runs fn(i) for i in [0, n) on up to `parallelism` threads; returns the
@@ -65,7 +195,7 @@ Status ParallelFor(std::size_t n, int parallelism, Fn fn) {
 
 StatusOr<std::uint32_t> FileCrc32c(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, path);
+  if (fd < 0) return ErrnoToStatus(errno, Escaped(path));
   char buf[1 << 16];
   std::uint32_t crc = 0;
   for (;;) {
@@ -74,7 +204,7 @@ StatusOr<std::uint32_t> FileCrc32c(const std::string& path) {
     if (n < 0) {
       int err = errno;
       close(fd);
-      return ErrnoToStatus(err, path);
+      return ErrnoToStatus(err, Escaped(path));
     }
     if (n == 0) break;
     crc = Crc32cExtend(crc, std::string_view(buf, static_cast<std::size_t>(n)));
@@ -83,9 +213,62 @@ StatusOr<std::uint32_t> FileCrc32c(const std::string& path) {
   return crc;
 }
 
+// Copies src to dst (created), in the kernel where it can.
+Status CopyFile(const std::string& src, const std::string& dst) {
+  int in = open(src.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return ErrnoToStatus(errno, Escaped(src));
+  int out = open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (out < 0) {
+    int err = errno;
+    close(in);
+    return ErrnoToStatus(err, "creating " + Escaped(dst));
+  }
+  Status s;
+  bool fallback = false;
+  for (;;) {
+    ssize_t n = copy_file_range(in, nullptr, out, nullptr, 1 << 30, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP || errno == EINVAL)) {
+      fallback = true;
+      break;
+    }
+    if (n < 0) {
+      s = ErrnoToStatus(errno, "copying " + Escaped(src));
+      break;
+    }
+    if (n == 0) break;
+  }
+  if (fallback) {
+    char buf[1 << 16];
+    for (;;) {
+      ssize_t n = read(in, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        s = ErrnoToStatus(errno, "reading " + Escaped(src));
+        break;
+      }
+      if (n == 0) break;
+      for (ssize_t done = 0; done < n;) {
+        ssize_t w = write(out, buf + done, static_cast<std::size_t>(n - done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+          s = ErrnoToStatus(errno, "writing " + Escaped(dst));
+          break;
+        }
+        done += w;
+      }
+      if (!s.ok()) break;
+    }
+  }
+  close(in);
+  close(out);
+  return s;
+}
+
 // Creates dir/a/b/... for `rel`'s parent, refusing to pass through a symlink
 // (a restored checkpoint must never be written outside the checkpoint dir).
-Status MakeParentsNoSymlinks(const std::string& dir, const std::string& rel) {
+// New directories are given to the trainer's user.
+Status MakeParentsNoSymlinks(const std::string& dir, const std::string& rel, const SyncOptions& o) {
   std::string cur = dir;
   auto parts = fs::path(rel).parent_path();
   for (auto const& part : parts) {
@@ -93,13 +276,186 @@ Status MakeParentsNoSymlinks(const std::string& dir, const std::string& rel) {
     cur += part.string();
     struct stat st {};
     if (lstat(cur.c_str(), &st) == 0) {
-      if (S_ISLNK(st.st_mode)) return PermissionDeniedError(fmt::format("refusing to restore through symlink {}", cur));
-      if (!S_ISDIR(st.st_mode)) return FailedPreconditionError(fmt::format("{} is not a directory", cur));
+      if (S_ISLNK(st.st_mode)) return PermissionDeniedError(fmt::format("refusing to restore through symlink {}", Escaped(cur)));
+      if (!S_ISDIR(st.st_mode)) return FailedPreconditionError(fmt::format("{} is not a directory", Escaped(cur)));
       continue;
     }
-    if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoToStatus(errno, "creating " + cur);
+    if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoToStatus(errno, "creating " + Escaped(cur));
+    if (o.owner_uid && lchown(cur.c_str(), *o.owner_uid, o.owner_gid.value_or(static_cast<gid_t>(-1))) != 0) {
+      return ErrnoToStatus(errno, "giving " + Escaped(cur) + " to the trainer's user");
+    }
   }
   return OkStatus();
+}
+
+Status GiveToOwner(const std::string& path, const SyncOptions& o, mode_t mode) {
+  if (o.owner_uid && lchown(path.c_str(), *o.owner_uid, o.owner_gid.value_or(static_cast<gid_t>(-1))) != 0) {
+    return ErrnoToStatus(errno, "giving " + Escaped(path) + " to the trainer's user");
+  }
+  if (chmod(path.c_str(), mode) != 0) return ErrnoToStatus(errno, "setting the mode of " + Escaped(path));
+  return OkStatus();
+}
+
+// Writes `text` to `path` so that a crash leaves the old or the new file.
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  auto tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, "creating " + tmp);
+  for (std::size_t done = 0; done < text.size();) {
+    ssize_t w = write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      int err = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return ErrnoToStatus(err, "writing " + tmp);
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  if (fsync(fd) != 0) {
+    int err = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    return ErrnoToStatus(err, "flushing " + tmp);
+  }
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    return ErrnoToStatus(err, "renaming " + tmp);
+  }
+  auto parent = fs::path(path).parent_path().string();
+  int dfd = open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  return OkStatus();
+}
+
+// Checked accessors for JSON from outside (a manifest, the state file).
+std::optional<std::string> GetString(const Json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+std::optional<std::int64_t> GetInt(const Json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return std::nullopt;
+  if (it->is_number_integer()) return it->get<std::int64_t>();
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
+    return static_cast<std::int64_t>(it->get<std::uint64_t>());
+  }
+  return std::nullopt;
+}
+
+struct ManifestEntry {
+  std::string path, object;
+  std::uint64_t size = 0;
+  std::uint32_t crc = 0;
+  std::int64_t generation = 0;
+  std::int64_t mtime_ns = 0;  // state file only
+};
+
+struct Manifest {
+  std::vector<ManifestEntry> files;
+  std::int64_t sequence = 0;
+  std::string commit_id;  // empty in manifests written before commit ids
+  std::string instance, committed_at;
+  bool marker = false;
+};
+
+// A manifest (or the state file, which has the same "files"), every field
+// checked: anything unexpected is an error naming the entry, never a throw.
+StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& what, const std::string& checkpoint_dir) {
+  auto m = Json::parse(text, nullptr, false);
+  if (!m.is_object()) return FailedPreconditionError(fmt::format("{} is not a spotvisor manifest (not a JSON object)", what));
+  auto files = m.find("files");
+  if (files == m.end() || !files->is_array()) {
+    return FailedPreconditionError(fmt::format("{} is not a spotvisor manifest (no \"files\" list)", what));
+  }
+  Manifest out;
+  auto seq = m.contains("sequence") ? GetInt(m, "sequence") : std::optional<std::int64_t>(0);
+  if (!seq || *seq < 0) return FailedPreconditionError(fmt::format("{}: \"sequence\" is not a non-negative integer", what));
+  out.sequence = *seq;
+  out.commit_id = GetString(m, "commit_id").value_or("");
+  out.instance = Escaped(GetString(m, "instance").value_or("?"));
+  out.committed_at = Escaped(GetString(m, "committed_at").value_or("?"));
+  auto marker = m.find("marker");
+  out.marker = marker != m.end() && marker->is_boolean() && marker->get<bool>();
+  std::set<std::string> seen;
+  for (auto const& f : *files) {
+    if (!f.is_object()) return FailedPreconditionError(fmt::format("{}: a \"files\" entry is not an object", what));
+    ManifestEntry e;
+    auto path = GetString(f, "path");
+    auto object = GetString(f, "object");
+    auto crc_text = GetString(f, "crc32c");
+    auto size = GetInt(f, "size");
+    auto gen = f.contains("generation") ? GetInt(f, "generation") : std::optional<std::int64_t>(0);
+    std::string name = path ? Escaped(*path) : std::string("?");
+    if (!path || !object || !crc_text || !size || *size < 0 || !gen) {
+      return FailedPreconditionError(fmt::format("{}: the entry for \"{}\" is malformed", what, name));
+    }
+    e.path = *path;
+    e.object = *object;
+    e.size = static_cast<std::uint64_t>(*size);
+    e.generation = *gen;
+    e.mtime_ns = GetInt(f, "mtime_ns").value_or(0);
+    if (!IsSafeRelativePath(e.path) || e.path.find(kRestoreTmp) != std::string::npos || e.path == kCompleteMarker ||
+        StartsWith(e.path, std::string(kStagingDir) + "/")) {
+      return PermissionDeniedError(
+          fmt::format("{} names \"{}\", which would escape {}: refusing to restore", what, name, Escaped(checkpoint_dir)));
+    }
+    auto crc = Crc32cFromBase64(*crc_text);
+    if (!crc.ok() || e.object.rfind(kObjectsDir, 0) != 0 || !seen.insert(e.path).second) {
+      return FailedPreconditionError(fmt::format("{}: the entry for \"{}\" is malformed", what, name));
+    }
+    e.crc = *crc;
+    out.files.push_back(std::move(e));
+  }
+  return out;
+}
+
+// "checkpoints/a/b~12.9f3c..." -> 12; legacy "checkpoints/a/b~12" -> 12.
+std::optional<std::int64_t> ObjectSequence(const std::string& name) {
+  auto tilde = name.rfind('~');
+  if (tilde == std::string::npos) return std::nullopt;
+  auto rest = name.substr(tilde + 1);
+  auto dot = rest.find('.');
+  auto v = ParseUint64(rest.substr(0, dot));
+  if (!v || *v > static_cast<std::uint64_t>(INT64_MAX)) return std::nullopt;
+  return static_cast<std::int64_t>(*v);
+}
+
+struct Judgement {
+  bool complete = false;
+  std::string by;   // settle, marker, quiet, final
+  std::string why;  // when not complete
+};
+
+enum class Mode { kPeriodic, kStopped, kCompleted };
+
+Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOptions& o) {
+  if (mode == Mode::kCompleted) return {true, "final", ""};
+  if (scan.marker) {
+    int newer = 0;
+    for (auto const& e : scan.files) newer += e.st.mtime_ns > scan.marker->mtime_ns;
+    if (newer == 0) return {true, "marker", ""};
+    return {false, "", fmt::format("{} file(s) are newer than {}: the trainer is writing a checkpoint", newer, kCompleteMarker)};
+  }
+  if (mode == Mode::kStopped) return {true, "final", ""};
+  auto settle = std::chrono::duration_cast<std::chrono::nanoseconds>(o.settle).count();
+  auto age = now_ns - scan.newest_ns;
+  if (age >= settle) return {true, "settle", ""};
+  if (age >= settle / 5 && (!o.check_open_files || !AnyFileOpenForWriting(o.checkpoint_dir))) return {true, "quiet", ""};
+  return {false, "", fmt::format("files changed within sync-settle ({} ms): the trainer may still be writing", o.settle.count())};
+}
+
+std::string JoinNames(const std::vector<std::string>& names, std::size_t max = 10) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + fmt::format("\"{}\"", Escaped(names[i]));
+  if (names.size() > max) out += fmt::format(" and {} more", names.size() - max);
+  return out;
 }
 
 }  // namespace
@@ -117,61 +473,186 @@ bool IsSafeRelativePath(const std::string& path) {
   return true;
 }
 
-SyncEngine::SyncEngine(std::unique_ptr<ObjectStore> store, SyncOptions options, const Clock& clock)
-    : store_(std::move(store)), o_(std::move(options)), clock_(clock) {}
+std::string UnstorableReason(const std::string& rel) {
+  if (!output::IsValidUtf8(rel)) return "not valid UTF-8";
+  if (rel.find_first_of("\r\n") != std::string::npos) return "contains a carriage return or line feed";
+  if (rel.size() > kMaxRelPath) return fmt::format("longer than {} bytes", kMaxRelPath);
+  return "";
+}
 
-StatusOr<RestoreStats> SyncEngine::Restore() {
+Status MarkCheckpointComplete(const std::string& checkpoint_dir) {
+  auto path = checkpoint_dir + "/" + kCompleteMarker;
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, "touching " + Escaped(path));
+  // Now, explicitly: the marker must be at least as new as the last file.
+  int rc = futimens(fd, nullptr);
+  int err = errno;
+  close(fd);
+  if (rc != 0) return ErrnoToStatus(err, "touching " + Escaped(path));
+  return OkStatus();
+}
+
+bool AnyFileOpenForWriting(const std::string& dir) {
+  std::string prefix = dir;
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
+  prefix += '/';
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return false;
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(proc, closedir);
+  while (dirent* p = readdir(proc)) {
+    if (!ParseUint64(p->d_name)) continue;
+    std::string base = fmt::format("/proc/{}/fd", p->d_name);
+    DIR* fds = opendir(base.c_str());
+    if (fds == nullptr) continue;  // gone, or not ours to inspect
+    std::unique_ptr<DIR, int (*)(DIR*)> fguard(fds, closedir);
+    while (dirent* f = readdir(fds)) {
+      if (!ParseUint64(f->d_name)) continue;
+      char target[4096];
+      ssize_t n = readlinkat(dirfd(fds), f->d_name, target, sizeof target - 1);
+      if (n <= 0) continue;
+      std::string_view t(target, static_cast<std::size_t>(n));
+      if (t.substr(0, prefix.size()) != prefix) continue;
+      // flags: in octal, as the kernel prints them.
+      int info = open(fmt::format("/proc/{}/fdinfo/{}", p->d_name, f->d_name).c_str(), O_RDONLY | O_CLOEXEC);
+      if (info < 0) continue;
+      char buf[512];
+      ssize_t got = read(info, buf, sizeof buf - 1);
+      close(info);
+      if (got <= 0) continue;
+      std::string text(buf, static_cast<std::size_t>(got));
+      auto pos = text.find("flags:");
+      if (pos == std::string::npos) continue;
+      unsigned long flags = std::strtoul(text.c_str() + pos + 6, nullptr, 8);
+      if ((flags & O_ACCMODE) != O_RDONLY) return true;
+    }
+  }
+  return false;
+}
+
+SyncEngine::SyncEngine(std::unique_ptr<ObjectStore> store, SyncOptions options, const Clock& clock)
+    : store_(std::move(store)), o_(std::move(options)), clock_(clock) {
+  while (o_.checkpoint_dir.size() > 1 && o_.checkpoint_dir.back() == '/') o_.checkpoint_dir.pop_back();
+}
+
+std::string SyncEngine::Fenced() const {
+  std::lock_guard lk(fence_mu_);
+  return fenced_;
+}
+
+StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
   std::lock_guard lk(mu_);
   auto start = clock_.Now();
   RestoreStats stats;
-  if (auto s = store_->CheckAccess(); !s.ok()) return s;
-  auto done = store_->ReadBytes(kDone);
+  if (auto s = store_->CheckAccess(ctx); !s.ok()) return s;
+  auto done = store_->ReadBytes(kDone, nullptr, ctx);
   if (done.ok()) {
     stats.done = true;
     stats.done_marker = Json::parse(*done, nullptr, false);
+    if (stats.done_marker.is_discarded()) stats.done_marker = Escaped(done->substr(0, 200));
     return stats;
   }
   if (done.status().code() != StatusCode::kNotFound) return done.status();
 
   ObjectInfo manifest_info;
-  auto text = store_->ReadBytes(kManifest, &manifest_info);
+  auto text = store_->ReadBytes(kManifest, &manifest_info, ctx);
   if (!text.ok()) {
     if (text.status().code() != StatusCode::kNotFound) return text.status();
     restored_ = true;  // nothing to restore: a fresh run
     manifest_generation_ = 0;
+    state_.clear();
     stats.seconds = Since(start, clock_);
     return stats;
   }
-  auto m = Json::parse(*text, nullptr, false);
-  if (!m.is_object() || !m.contains("files") || !m["files"].is_array()) {
-    return FailedPreconditionError(fmt::format("{}/{} is not a spotvisor manifest", store_->Describe(), kManifest));
+  auto m = ParseManifest(*text, store_->Describe() + "/" + kManifest, o_.checkpoint_dir);
+  if (!m.ok()) return m.status();
+
+  // What this disk last committed or restored, if it is the same run.
+  std::optional<Manifest> record;
+  if (!o_.state_file.empty()) {
+    int fd = open(o_.state_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      std::string data;
+      char buf[1 << 16];
+      for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) data.append(buf, static_cast<std::size_t>(n));
+      close(fd);
+      auto j = Json::parse(data, nullptr, false);
+      auto r = ParseManifest(data, o_.state_file, o_.checkpoint_dir);
+      // The record describes this very directory: same path, and not a new
+      // disk or a re-created directory at that path.
+      struct stat dst {};
+      bool same_dir = stat(o_.checkpoint_dir.c_str(), &dst) == 0 && GetString(j, "checkpoint_dir") == o_.checkpoint_dir &&
+                      GetInt(j, "dir_dev") == static_cast<std::int64_t>(dst.st_dev) &&
+                      GetInt(j, "dir_ino") == static_cast<std::int64_t>(dst.st_ino);
+      if (r.ok() && j.is_object() && GetString(j, "run_id") == o_.run_id && GetString(j, "store") == store_->Describe() &&
+          same_dir) {
+        auto gen = GetInt(j, "generation").value_or(-1);
+        bool same = !r->commit_id.empty() ? r->commit_id == m->commit_id : gen == manifest_info.generation;
+        if (same) {
+          record = std::move(*r);
+        } else {
+          stats.bucket_won = fmt::format("the bucket has commit #{} and this disk last saw #{}", m->sequence, r->sequence);
+        }
+      } else if (!r.ok()) {
+        stats.state_warning = "ignoring " + o_.state_file + ": " + r.status().message();
+      }
+    }
   }
-  struct Entry {
-    std::string path, object;
-    std::uint64_t size;
-    std::uint32_t crc;
-    std::int64_t generation;
+
+  auto adopt = [&](FileMap files) {
+    state_ = std::move(files);
+    restored_ = true;
+    manifest_generation_ = manifest_info.generation;
+    sequence_ = m->sequence;
+    commit_id_ = m->commit_id;
+    marker_committed_ = m->marker;
+    stats.resumed = true;
+    stats.files = static_cast<int>(m->files.size());
+    stats.sequence = sequence_;
   };
-  std::vector<Entry> entries;
-  for (auto const& f : m["files"]) {
-    Entry e{f.value("path", ""), f.value("object", ""), f.value("size", std::uint64_t{0}), 0, f.value("generation", std::int64_t{0})};
-    if (!IsSafeRelativePath(e.path) || e.path.find(kRestoreTmp) != std::string::npos) {
-      return PermissionDeniedError(fmt::format("manifest names \"{}\", which would escape {}: refusing to restore", e.path, o_.checkpoint_dir));
+
+  if (record) {
+    // This disk holds that commit, perhaps with newer files: keep them,
+    // unless the trainer's marker says its last save was cut off.
+    auto scan = ScanTree(o_.checkpoint_dir);
+    if (!scan.ok()) return scan.status();
+    std::map<std::string, const ManifestEntry*> had;
+    for (auto const& e : record->files) had[e.path] = &e;
+    int changes = 0, newer = 0;
+    bool torn = false;
+    for (auto const& f : scan->files) {
+      auto it = had.find(f.rel);
+      if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) ++newer;
+      if (scan->marker && f.st.mtime_ns > scan->marker->mtime_ns) torn = true;
+      if (it != had.end()) had.erase(it);
     }
-    auto crc = Crc32cFromBase64(f.value("crc32c", ""));
-    if (!crc.ok() || e.object.rfind(kObjectsDir, 0) != 0) {
-      return FailedPreconditionError(fmt::format("manifest entry for \"{}\" is malformed", e.path));
+    changes = newer + static_cast<int>(had.size());  // + deleted since (rotation)
+    // Files only missing, nothing new: not newer work but lost files (a
+    // cleaned disk); the bucket puts them back. Otherwise local wins.
+    if (!torn && (newer > 0 || changes == 0)) {
+      FileMap files;
+      for (auto const& e : record->files) files[e.path] = Uploaded{e.size, e.mtime_ns, e.crc, e.object, e.generation};
+      adopt(std::move(files));
+      stats.kept_local = changes > 0;
+      stats.local_changes = changes;
+      stats.seconds = Since(start, clock_);
+      return stats;
     }
-    e.crc = *crc;
-    entries.push_back(std::move(e));
+    stats.bucket_won =
+        torn ? fmt::format("the local checkpoint was cut off mid-save (files newer than {}): restoring commit #{} from "
+                           "the bucket",
+                           kCompleteMarker, m->sequence)
+             : fmt::format("{} file(s) of commit #{} are missing here and nothing is newer: restoring them from the bucket",
+                           had.size(), m->sequence);
   }
 
   std::mutex stats_mu;
-  std::map<std::string, Uploaded> restored;
+  FileMap restored;
+  auto const& entries = m->files;
   auto s = ParallelFor(entries.size(), o_.parallelism, [&](std::size_t i) -> Status {
+    if (auto c = ctx.Check("restoring"); !c.ok()) return c;
     auto const& e = entries[i];
     auto target = o_.checkpoint_dir + "/" + e.path;
-    if (auto p = MakeParentsNoSymlinks(o_.checkpoint_dir, e.path); !p.ok()) return p;
+    if (auto p = MakeParentsNoSymlinks(o_.checkpoint_dir, e.path, o_); !p.ok()) return p;
     struct stat st {};
     bool have = lstat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == e.size;
     if (have) {
@@ -180,163 +661,398 @@ StatusOr<RestoreStats> SyncEngine::Restore() {
     }
     if (!have) {
       auto tmp = fmt::format("{}{}{}", target, kRestoreTmp, getpid());
-      auto got = store_->DownloadToFile(e.object, tmp);
+      auto got = store_->DownloadToFile(e.object, tmp, ctx);
       if (!got.ok()) {
         unlink(tmp.c_str());
-        return Status(got.status().code(), fmt::format("restoring {}: {}", e.path, got.status().message()));
+        return Status(got.status().code(), fmt::format("restoring {}: {}", Escaped(e.path), got.status().message()));
       }
       if (got->size != e.size || got->crc32c != e.crc) {
         unlink(tmp.c_str());
         return FailedPreconditionError(fmt::format("restoring {}: object {} does not match the manifest (size {} vs {}, crc32c {} vs {})",
-                                                   e.path, e.object, got->size, e.size, Crc32cToBase64(got->crc32c), Crc32cToBase64(e.crc)));
+                                                   Escaped(e.path), Escaped(e.object), got->size, e.size,
+                                                   Crc32cToBase64(got->crc32c), Crc32cToBase64(e.crc)));
+      }
+      if (auto g = GiveToOwner(tmp, o_, 0644); !g.ok()) {
+        unlink(tmp.c_str());
+        return g;
       }
       // rename replaces a symlink at the target instead of following it.
       if (rename(tmp.c_str(), target.c_str()) != 0) {
         int err = errno;
         unlink(tmp.c_str());
-        return ErrnoToStatus(err, "renaming into " + target);
+        return ErrnoToStatus(err, "renaming into " + Escaped(target));
       }
       std::lock_guard slk(stats_mu);
       ++stats.files_downloaded;
       stats.bytes_downloaded += e.size;
+    } else if (auto g = GiveToOwner(target, o_, st.st_mode & 07777); !g.ok()) {
+      return g;
     }
-    if (lstat(target.c_str(), &st) != 0) return ErrnoToStatus(errno, target);
+    if (lstat(target.c_str(), &st) != 0) return ErrnoToStatus(errno, Escaped(target));
     std::lock_guard slk(stats_mu);
-    restored[e.path] = Uploaded{e.size, MtimeNs(st), e.crc, e.object, e.generation};
+    restored[e.path] = Uploaded{e.size, Ns(st.st_mtim), e.crc, e.object, e.generation};
     return OkStatus();
   });
   if (!s.ok()) return s;
-  state_ = std::move(restored);
-  restored_ = true;
-  manifest_generation_ = manifest_info.generation;
-  sequence_ = m.value("sequence", std::int64_t{0});
-  stats.resumed = true;
-  stats.files = static_cast<int>(entries.size());
-  stats.sequence = sequence_;
+  if (m->marker) {
+    // The commit was complete by the trainer's own word: say so again, after
+    // every file, so the restored tree counts as complete.
+    if (auto mk = MarkCheckpointComplete(o_.checkpoint_dir); mk.ok()) {
+      GiveToOwner(o_.checkpoint_dir + "/" + kCompleteMarker, o_, 0644);
+    }
+  }
+  adopt(std::move(restored));
+  stats.state_warning = RememberCommit(m->marker);
   stats.seconds = Since(start, clock_);
   return stats;
 }
 
-StatusOr<SyncStats> SyncEngine::Sync(bool final) {
-  std::lock_guard lk(mu_);
-  if (!restored_) {
-    return FailedPreconditionError("not syncing: the checkpoint was never restored, so the bucket may hold a newer one");
+std::string SyncEngine::RememberCommit(bool marker) {
+  if (o_.state_file.empty()) return "";
+  Json files = Json::array();
+  for (auto const& [path, u] : state_) {
+    files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},
+                     {"generation", u.generation}, {"mtime_ns", u.mtime_ns}});
   }
-  auto start = clock_.Now();
-  SyncStats stats;
-  std::int64_t seq = sequence_ + 1;
-  auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.WallNow().time_since_epoch()).count();
+  struct stat dst {};
+  if (stat(o_.checkpoint_dir.c_str(), &dst) != 0) return "cannot remember the commit: " + Escaped(o_.checkpoint_dir) + " is gone";
+  Json j = {{"version", 1},
+            {"run_id", o_.run_id},
+            {"store", store_->Describe()},
+            {"checkpoint_dir", o_.checkpoint_dir},
+            {"dir_dev", static_cast<std::int64_t>(dst.st_dev)},
+            {"dir_ino", static_cast<std::int64_t>(dst.st_ino)},
+            {"commit_id", commit_id_},
+            {"sequence", sequence_},
+            {"generation", manifest_generation_},
+            {"marker", marker},
+            {"files", files}};
+  auto s = WriteFileAtomically(o_.state_file, Dump(j));
+  return s.ok() ? "" : "could not remember the commit in " + o_.state_file + ": " + s.message();
+}
 
-  struct Work {
-    std::string path;
-    struct stat st;
-  };
-  std::vector<Work> changed;
-  std::map<std::string, Uploaded> next;
-  std::error_code ec;
-  std::string root = o_.checkpoint_dir;
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    struct stat st {};
-    if (lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // symlinks are not followed
-    // A plain prefix cut: fs::relative resolves both paths through the file
-    // system (8 readlinks per file), which dominated a no-op sync.
-    auto full = it->path().string();
-    auto rel = full.substr(std::min(full.size(), root.size() + 1));
-    if (rel.find(kRestoreTmp) != std::string::npos) continue;
-    auto prev = state_.find(rel);
-    if (prev != state_.end() && prev->second.size == static_cast<std::uint64_t>(st.st_size) && prev->second.mtime_ns == MtimeNs(st)) {
-      next[rel] = prev->second;
-      continue;
-    }
-    if (!final && now_ns - MtimeNs(st) < std::chrono::duration_cast<std::chrono::nanoseconds>(o_.settle).count()) {
-      ++stats.files_deferred;
-      if (prev != state_.end()) next[rel] = prev->second;  // keep the last good version
-      continue;
-    }
-    changed.push_back(Work{rel, st});
-  }
-  if (ec) return ErrnoToStatus(ec.value(), "reading " + o_.checkpoint_dir);
-
-  std::mutex next_mu;
-  auto s = ParallelFor(changed.size(), o_.parallelism, [&](std::size_t i) -> Status {
-    auto const& w = changed[i];
-    auto path = o_.checkpoint_dir + "/" + w.path;
-    auto object = fmt::format("{}{}~{}", kObjectsDir, w.path, seq);
-    struct stat before = w.st;
-    // A file rewritten while it was being uploaded is sent again.
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      auto up = store_->UploadFile(object, path, {});
-      if (!up.ok()) return Status(up.status().code(), fmt::format("uploading {}: {}", w.path, up.status().message()));
-      struct stat after {};
-      if (lstat(path.c_str(), &after) != 0) {
-        if (errno == ENOENT) return OkStatus();  // deleted meanwhile: not part of this checkpoint
-        return ErrnoToStatus(errno, path);
-      }
-      if (after.st_size == static_cast<off_t>(up->size) && MtimeNs(after) == MtimeNs(before)) {
-        std::lock_guard nlk(next_mu);
-        next[w.path] = Uploaded{up->size, MtimeNs(after), up->crc32c, object, up->generation};
-        ++stats.files_uploaded;
-        stats.bytes_uploaded += up->size;
-        return OkStatus();
-      }
-      before = after;
-    }
-    return UnavailableError(fmt::format("{} kept changing while being uploaded", w.path));
-  });
-  if (!s.ok()) return s;
-
-  // Nothing uploaded and no file gone: the committed manifest already says
-  // all there is to say. A no-op sync writes nothing.
-  if (stats.files_uploaded == 0 && next.size() == state_.size()) {
-    stats.files_total = static_cast<int>(state_.size());
-    stats.sequence = sequence_;
-    stats.seconds = Since(start, clock_);
-    return stats;
-  }
-
+Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, const CallContext& ctx) {
+  std::string id = RandomHex(16);
   Json files = Json::array();
   for (auto const& [path, u] : next) {
     files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},
                      {"generation", u.generation}});
   }
-  Json manifest = {{"version", 1},           {"run_id", o_.run_id}, {"sequence", seq},
-                   {"instance", o_.instance}, {"committed_at", FormatRfc3339(clock_.WallNow())}, {"files", files}};
-  auto committed = store_->UploadBytes(kManifest, manifest.dump(1), Precondition{manifest_generation_});
-  if (!committed.ok()) {
-    if (committed.status().code() == StatusCode::kFailedPrecondition) {
-      return FailedPreconditionError(fmt::format(
-          "{}/{} changed since this VM restored it: another VM is using run-id \"{}\"; not overwriting its checkpoint",
-          store_->Describe(), kManifest, o_.run_id));
+  Json manifest = {{"version", 2},
+                   {"run_id", o_.run_id},
+                   {"sequence", seq},
+                   {"instance", o_.instance},
+                   {"commit_id", id},
+                   {"committed_at", FormatRfc3339(clock_.WallNow())},
+                   {"marker", marker},
+                   {"files", files}};
+  std::string text = Dump(manifest, 1);
+  auto adopt = [&](std::int64_t generation) {
+    manifest_generation_ = generation;
+    sequence_ = seq;
+    state_ = next;
+    commit_id_ = id;
+    marker_committed_ = marker;
+    pending_.reset();
+  };
+  for (int round = 0; round < 2; ++round) {
+    auto committed = store_->UploadBytes(kManifest, text, Precondition{manifest_generation_}, ctx);
+    if (committed.ok()) {
+      adopt(committed->generation);
+      return OkStatus();
     }
-    return committed.status();
+    if (committed.status().code() != StatusCode::kFailedPrecondition) {
+      // The write may have landed with its answer lost: the next commit
+      // recognises it by its id.
+      pending_ = Pending{id, seq, next, marker};
+      return committed.status();
+    }
+    // 412: whose manifest is it? Ours (a retry after a lost answer), an
+    // earlier commit of ours whose answer never came, or another VM's.
+    ObjectInfo info;
+    auto current = store_->ReadBytes(kManifest, &info, ctx);
+    if (!current.ok()) {
+      pending_ = Pending{id, seq, next, marker};
+      return Status(current.status().code(), "the commit's precondition failed and the manifest cannot be read back: " +
+                                                 current.status().message());
+    }
+    auto theirs = ParseManifest(*current, store_->Describe() + "/" + kManifest, o_.checkpoint_dir);
+    std::string their_id = theirs.ok() ? theirs->commit_id : "";
+    if (!their_id.empty() && their_id == id) {
+      adopt(info.generation);
+      return OkStatus();
+    }
+    if (round == 0 && pending_ && !their_id.empty() && their_id == pending_->commit_id) {
+      // The earlier commit did land: it is what we build on.
+      state_ = pending_->files;
+      sequence_ = pending_->sequence;
+      commit_id_ = pending_->commit_id;
+      marker_committed_ = pending_->marker;
+      manifest_generation_ = info.generation;
+      pending_.reset();
+      continue;
+    }
+    std::string who = theirs.ok() ? fmt::format("instance \"{}\" committed checkpoint #{} at {}", theirs->instance,
+                                                theirs->sequence, theirs->committed_at)
+                                  : std::string("something else rewrote it");
+    std::string msg = fmt::format(
+        "{}/{} changed since this VM last committed or restored it: another VM is using run-id \"{}\" ({}). This VM "
+        "stops syncing so it cannot overwrite that checkpoint; its own progress since commit #{} is not uploaded. "
+        "Stop one of the two VMs, or give each run its own spotvisor-run-id",
+        store_->Describe(), kManifest, Escaped(o_.run_id), who, sequence_);
+    {
+      std::lock_guard flk(fence_mu_);
+      fenced_ = msg;
+    }
+    return FailedPreconditionError(msg);
   }
-  manifest_generation_ = committed->generation;
-  sequence_ = seq;
-  state_ = std::move(next);
+  return FailedPreconditionError("the manifest kept changing under the commit");
+}
 
-  // Garbage: objects no manifest names any more (older versions, uploads of
-  // syncs that never committed). Failure here costs storage, not safety.
-  std::map<std::string, bool> live;
-  for (auto const& [p, u] : state_) live[u.object] = true;
-  auto listed = store_->List(kObjectsDir);
-  if (listed.ok()) {
-    for (auto const& o : *listed) {
-      if (live.count(o.name)) continue;
-      if (store_->Delete(o.name, Precondition{o.generation}).ok()) ++stats.files_deleted;
-    }
+void SyncEngine::CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncStats& stats) {
+  // Objects no manifest names any more (older versions, uploads of syncs
+  // that never committed) and that no later sync can be using: only names
+  // with a sequence up to this commit's. Another VM that restored this
+  // commit uploads under higher sequences. Failure costs storage, not safety.
+  std::set<std::string> live;
+  for (auto const& [p, u] : state_) live.insert(u.object);
+  auto listed = store_->List(kObjectsDir, ctx);
+  if (!listed.ok()) return;
+  for (auto const& o : *listed) {
+    if (live.count(o.name)) continue;
+    auto oseq = ObjectSequence(o.name);
+    if (!oseq || *oseq > seq) continue;
+    if (store_->Delete(o.name, Precondition{o.generation}, ctx).ok()) ++stats.files_deleted;
   }
+}
+
+StatusOr<SyncStats> SyncEngine::Sync(bool final, const CallContext& ctx) {
+  // Kept for callers that only know "final or not": a final sync after a
+  // clean exit takes the tree as it is.
+  return Sync(final ? SyncKind::kCompleted : SyncKind::kPeriodic, ctx);
+}
+
+StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
+  std::lock_guard lk(mu_);
+  if (!restored_) {
+    return FailedPreconditionError("not syncing: the checkpoint was never restored, so the bucket may hold a newer one");
+  }
+  if (auto f = Fenced(); !f.empty()) return FailedPreconditionError(f);
+  Mode mode = kind == SyncKind::kPeriodic ? Mode::kPeriodic : kind == SyncKind::kStopped ? Mode::kStopped : Mode::kCompleted;
+  auto start = clock_.Now();
+  SyncStats stats;
+  std::int64_t seq = std::max(sequence_, pending_ ? pending_->sequence : 0) + 1;
+  std::string nonce = RandomHex(8);
+  const std::string& root = o_.checkpoint_dir;
+  auto quiet = std::max(std::chrono::milliseconds(20), o_.settle / 10);
+  // Uploads already made in this sync, reused by a later snapshot if the
+  // file is still the same version.
+  std::map<std::string, std::pair<FileStat, ObjectInfo>> uploaded;
+  std::mutex up_mu;
+  bool can_stage = mode == Mode::kPeriodic;
+  auto staging_root = fmt::format("{}/{}", root, kStagingDir);
+  struct StagingCleanup {
+    std::string dir;
+    ~StagingCleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{staging_root};
+
+  const int max_attempts = mode == Mode::kPeriodic ? 4 : 3;
+  const int max_scans = mode == Mode::kPeriodic ? 8 : 1;
+  for (int attempt = 0; attempt < max_attempts; ++attempt) {
+    stats.attempts = attempt + 1;
+    // 1. A snapshot of the tree at a moment it is complete.
+    Scan scan;
+    Judgement j;
+    for (int n = 0;; ++n) {
+      if (auto c = ctx.Check("syncing"); !c.ok()) return c;
+      auto sc = ScanTree(root);
+      if (!sc.ok()) return sc.status();
+      scan = std::move(*sc);
+      auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.WallNow().time_since_epoch()).count();
+      j = Judge(scan, mode, now_ns, o_);
+      if (j.complete || n + 1 >= max_scans) break;
+      bool slept = o_.sleeper ? o_.sleeper->SleepFor(quiet) : ctx.SleepFor(quiet);
+      if (!slept) return ctx.Check("syncing").ok() ? CancelledError("syncing: cancelled") : ctx.Check("syncing");
+    }
+    for (auto const& name : scan.unstorable) {
+      if (warned_names_.insert(name).second) stats.skipped_names.push_back(Escaped(name));
+    }
+
+    // 2. What changed since the last commit.
+    FileMap next;
+    std::vector<const ScanEntry*> changed;
+    for (auto const& e : scan.files) {
+      auto prev = state_.find(e.rel);
+      if (prev != state_.end() && prev->second.size == e.st.size && prev->second.mtime_ns == e.st.mtime_ns) {
+        next[e.rel] = prev->second;
+      } else {
+        changed.push_back(&e);
+      }
+    }
+    bool removed = next.size() != state_.size();
+    if (!j.complete) {
+      stats.deferred = true;
+      stats.deferred_reason = j.why;
+      stats.files_deferred = static_cast<int>(changed.size());
+      if (mode == Mode::kPeriodic && (!changed.empty() || removed)) {
+        if (++deferrals_ >= o_.warn_after_deferrals && !settle_warned_) {
+          settle_warned_ = true;
+          stats.settle_warning = fmt::format(
+              "the last {} periodic syncs found {} mid-save ({}), so nothing newer than commit #{} is in the bucket. "
+              "Touch {}/{} after each complete save (`spotvisor checkpoint --done`, or in Python "
+              "pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()), or save less often than "
+              "sync-settle, or lower sync-settle",
+              deferrals_, Escaped(root), j.why, sequence_, Escaped(root), kCompleteMarker);
+        }
+      }
+      if (mode != Mode::kPeriodic) {
+        stats.not_uploaded.reserve(changed.size());
+        for (auto const* e : changed) stats.not_uploaded.push_back(Escaped(e->rel));
+      }
+      stats.files_total = static_cast<int>(state_.size());
+      stats.sequence = sequence_;
+      stats.seconds = Since(start, clock_);
+      return stats;
+    }
+    stats.judged_by = j.by;
+    if (changed.empty() && !removed) {
+      // The committed manifest already says all there is to say.
+      deferrals_ = 0;
+      stats.files_total = static_cast<int>(state_.size());
+      stats.sequence = sequence_;
+      stats.seconds = Since(start, clock_);
+      return stats;
+    }
+
+    // 3. After an upload saw the tree change under it, copy the snapshot
+    // locally first (fast), check it is still one state, and upload the copy.
+    bool stage = can_stage && attempt > 0;
+    std::map<std::string, std::string> source;
+    if (stage) {
+      std::error_code ec;
+      fs::remove_all(staging_root, ec);
+      Status copied;
+      for (auto const* e : changed) {
+        auto dst = fmt::format("{}/{}", staging_root, e->rel);
+        fs::create_directories(fs::path(dst).parent_path(), ec);
+        if (ec) {
+          copied = ErrnoToStatus(ec.value(), "creating " + Escaped(fs::path(dst).parent_path().string()));
+          break;
+        }
+        copied = CopyFile(root + "/" + e->rel, dst);
+        if (!copied.ok()) break;
+        source[e->rel] = dst;
+      }
+      if (!copied.ok()) {
+        if (LstatRegular(root + "/" + changed.front()->rel) || copied.code() != StatusCode::kNotFound) {
+          // No room for a copy (or no permission): upload directly instead.
+          can_stage = false;
+          stage = false;
+          source.clear();
+          fs::remove_all(staging_root, ec);
+        } else {
+          continue;  // a file vanished: the tree moved on, take a new snapshot
+        }
+      } else if (!Unchanged(root, scan)) {
+        continue;
+      } else {
+        stats.staged = true;
+      }
+    }
+
+    // 4. Upload, newest first: if time runs out, what is missing is older.
+    std::sort(changed.begin(), changed.end(), [](auto* a, auto* b) { return a->st.mtime_ns > b->st.mtime_ns; });
+    std::atomic<bool> moved{false};
+    std::vector<char> done(changed.size(), 0);
+    FileMap fresh;
+    std::uint64_t bytes = 0;
+    int count = 0;
+    auto up = ParallelFor(changed.size(), o_.parallelism, [&](std::size_t i) -> Status {
+      if (moved.load()) return OkStatus();
+      auto const& e = *changed[i];
+      auto path = root + "/" + e.rel;
+      {
+        std::lock_guard ulk(up_mu);
+        auto it = uploaded.find(e.rel);
+        if (it != uploaded.end() && it->second.first == e.st) {
+          fresh[e.rel] = Uploaded{e.st.size, e.st.mtime_ns, it->second.second.crc32c, it->second.second.name,
+                                  it->second.second.generation};
+          done[i] = 1;
+          return OkStatus();
+        }
+      }
+      auto object = fmt::format("{}{}~{}.{}", kObjectsDir, e.rel, seq, nonce);
+      auto from = stage ? source[e.rel] : path;
+      auto r = store_->UploadFile(object, from, {}, ctx);
+      auto after = LstatRegular(path);
+      if (!r.ok()) {
+        // The file vanished or changed under the read: not this snapshot.
+        if (!stage && (!after || *after != e.st || r.status().code() == StatusCode::kFailedPrecondition)) {
+          moved = true;
+          return OkStatus();
+        }
+        return Status(r.status().code(), fmt::format("uploading {}: {}", Escaped(e.rel), r.status().message()));
+      }
+      if (!stage && (!after || *after != e.st || r->size != e.st.size)) {
+        moved = true;
+        return OkStatus();
+      }
+      std::lock_guard ulk(up_mu);
+      uploaded[e.rel] = {e.st, *r};
+      fresh[e.rel] = Uploaded{r->size, e.st.mtime_ns, r->crc32c, object, r->generation};
+      done[i] = 1;
+      bytes += r->size;
+      ++count;
+      return OkStatus();
+    });
+    stats.bytes_uploaded += bytes;
+    stats.files_uploaded += count;
+    if (!up.ok()) {
+      for (std::size_t i = 0; i < changed.size(); ++i) {
+        if (!done[i]) stats.not_uploaded.push_back(Escaped(changed[i]->rel));
+      }
+      if (mode != Mode::kPeriodic && !stats.not_uploaded.empty()) {
+        return Status(up.code(), fmt::format("{}; not uploaded: {}; the bucket keeps commit #{}", up.message(),
+                                             JoinNames(stats.not_uploaded), sequence_));
+      }
+      return up;
+    }
+    // 5. The snapshot holds only if no file of it changed meanwhile.
+    if (moved.load() || (!stage && !Unchanged(root, scan))) continue;
+
+    // 6. Commit.
+    for (auto& [rel, u] : fresh) next[rel] = u;
+    if (auto c = Commit(seq, next, j.by == "marker", ctx); !c.ok()) return c;
+    deferrals_ = 0;
+    stats.state_warning = RememberCommit(marker_committed_);
+    if (!ctx.urgent) CollectGarbage(seq, ctx, stats);
+    stats.files_total = static_cast<int>(state_.size());
+    stats.sequence = seq;
+    stats.seconds = Since(start, clock_);
+    return stats;
+  }
+  // Every snapshot changed under its upload.
+  std::string why = fmt::format("the checkpoint changed under each of {} snapshots", max_attempts);
+  if (mode != Mode::kPeriodic) {
+    return UnavailableError(why + fmt::format(": something is still writing into {}; the bucket keeps commit #{}",
+                                              Escaped(root), sequence_));
+  }
+  stats.deferred = true;
+  stats.deferred_reason = why;
   stats.files_total = static_cast<int>(state_.size());
-  stats.sequence = seq;
+  stats.sequence = sequence_;
   stats.seconds = Since(start, clock_);
   return stats;
 }
 
-Status SyncEngine::WriteDone(int exit_code) {
+Status SyncEngine::WriteDone(int exit_code, const CallContext& ctx) {
+  if (auto f = Fenced(); !f.empty()) return FailedPreconditionError(f);
   Json done = {{"exit_code", exit_code}, {"time", FormatRfc3339(clock_.WallNow())}, {"instance", o_.instance},
-               {"run_id", o_.run_id}, {"sequence", sequence_}};
-  auto r = store_->UploadBytes(kDone, done.dump() + "\n", {});
+               {"run_id", o_.run_id}, {"sequence", sequence_}, {"commit_id", commit_id_}};
+  auto r = store_->UploadBytes(kDone, Dump(done) + "\n", {}, ctx);
   return r.ok() ? OkStatus() : r.status();
 }
 

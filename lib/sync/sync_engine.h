@@ -1,17 +1,32 @@
 // Checkpoints that survive preemption. Objects live under PREFIX/RUN_ID/:
 //
-//   checkpoints/PATH~SEQ   one object per file version; SEQ is the sync that
-//                          uploaded it, so a new version never overwrites an
-//                          object an older manifest still points at
-//   manifest.json          written last, with ifGenerationMatch: the commit
-//   DONE                   the trainer finished and the final sync succeeded
+//   checkpoints/PATH~SEQ.NONCE  one object per file version; SEQ is the sync
+//                               that uploaded it and NONCE is drawn afresh for
+//                               every sync, so no upload can ever write an
+//                               object that a committed manifest may name
+//                               (not a retry after a lost answer, not another
+//                               VM on the same run-id)
+//   manifest.json               written last, with ifGenerationMatch: the
+//                               commit. It carries a commit_id so that a
+//                               retried commit whose first answer was lost
+//                               recognises itself
+//   DONE                        the trainer finished and the final sync
+//                               succeeded
 //
-// Restore trusts only the manifest, so a sync cut off by a hard power-off
-// leaves the previous checkpoint intact and restorable. Objects no manifest
-// names are deleted after a commit. A VM only commits over the manifest
-// generation it restored (or saw committed itself), so two VMs sharing a
-// run-id cannot silently overwrite each other.
+// A commit is a state of the whole checkpoint tree that the trainer
+// produced: the tree is judged as one (every file quiet for sync-settle, or
+// the trainer touched the completion marker after its last file, or no file
+// is open for writing and the tree has been quiet for a moment), and every
+// file is checked again after the upload (or after a local copy): if any file
+// changed, vanished or was renamed meanwhile, that snapshot is not committed
+// and a new one is taken.
+//
+// What this VM last committed or restored is remembered in a state file, so
+// that after a restart on the same disk the newer local files are kept (and
+// synced) instead of being rolled back to the bucket's older commit.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -19,46 +34,98 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/cancel.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "retry/sleeper.h"
 #include "storage/object_store.h"
 
 namespace spotvisor {
+
+// The completion marker: a trainer touches CHECKPOINT_DIR/.spotvisor-complete
+// after it has written a whole checkpoint (`spotvisor checkpoint --done` does
+// the same). While it is newer than every file the tree is complete; a file
+// newer than it means a save is under way.
+inline constexpr char kCompleteMarker[] = ".spotvisor-complete";
+// Local copies of a snapshot (periodic syncs of trainers that save faster
+// than an upload takes), inside the checkpoint dir so a copy stays on its disk.
+inline constexpr char kStagingDir[] = ".spotvisor-staging";
+
+// What the trainer is doing while a sync runs.
+enum class SyncKind {
+  kPeriodic,   // running: the tree is committed only at a moment it is complete
+  kStopped,    // stopped (preempted, killed, failed, before a restart): taken as it
+               // is, unless the marker shows its last save was cut off
+  kCompleted,  // exited 0: taken as it is
+};
 
 struct SyncOptions {
   std::string checkpoint_dir;
   std::string run_id;
   std::string instance;
   int parallelism = 4;
-  // Files modified more recently than this are left for the next periodic
-  // sync: the trainer may still be writing them. Not applied to the final
-  // sync (the trainer has stopped by then).
+  // The tree counts as complete once no file in it changed for this long
+  // (unless the completion marker says so sooner).
   std::chrono::milliseconds settle{5000};
+  // Where this VM remembers what it last committed or restored (in
+  // state-dir); empty: nowhere, so a restart always restores the bucket.
+  std::string state_file;
+  // The trainer's user (spotvisor running as root, `user` set): restored
+  // files and directories are given to it.
+  std::optional<uid_t> owner_uid;
+  std::optional<gid_t> owner_gid;
+  // Waits between snapshot attempts; null: real waits through the context.
+  Sleeper* sleeper = nullptr;
+  // Periodic syncs deferred in a row before the one warning that the
+  // trainer saves faster than sync-settle.
+  int warn_after_deferrals = 3;
+  // Tests only switch this off to prove the open-for-writing check matters.
+  bool check_open_files = true;
 };
 
 struct SyncStats {
   int files_total = 0;     // in the committed manifest
   int files_uploaded = 0;  // changed since the last sync
-  int files_deferred = 0;  // too fresh (sync-settle)
+  int files_deferred = 0;  // in a tree still being written (not committed)
   int files_deleted = 0;   // objects no longer named by any manifest
   std::uint64_t bytes_uploaded = 0;
   std::int64_t sequence = 0;
   double seconds = 0;
+  int attempts = 0;        // snapshots taken (more than one: the tree changed under an upload)
+  bool deferred = false;   // nothing committed: the tree was still being written
+  bool staged = false;     // the committed snapshot was copied locally first
+  std::string judged_by;   // "settle", "marker", "quiet", "final": why the tree counted as complete
+  std::string deferred_reason;
+  // Set once, the first time periodic syncs keep finding the tree mid-save:
+  // the text tells the user what to change.
+  std::string settle_warning;
+  // Names the store cannot hold, first seen in this sync (escaped).
+  std::vector<std::string> skipped_names;
+  // Could not remember the commit in state-dir (the sync itself succeeded).
+  std::string state_warning;
+  // The final sync ran out of time or was cancelled: what did not make it.
+  std::vector<std::string> not_uploaded;
 };
 
 struct RestoreStats {
   bool done = false;        // a DONE marker exists: do not train again
   nlohmann::json done_marker;
-  bool resumed = false;     // a manifest was found and restored
+  bool resumed = false;     // a manifest was found and restored (or kept locally)
+  bool kept_local = false;  // the local files are newer than the bucket's commit: kept
+  int local_changes = 0;    // with kept_local: files changed since that commit
+  std::string bucket_won;   // why the bucket's commit replaced local files that had a record
   int files = 0;
   int files_downloaded = 0;  // the rest were already there, byte-identical
   std::uint64_t bytes_downloaded = 0;
   std::int64_t sequence = 0;
   double seconds = 0;
+  std::string state_warning;
 };
 
 class SyncEngine {
@@ -68,11 +135,16 @@ class SyncEngine {
 
   // Before the trainer starts. An error means the trainer must NOT start
   // from scratch: its first sync would replace a newer checkpoint.
-  StatusOr<RestoreStats> Restore();
+  StatusOr<RestoreStats> Restore(const CallContext& ctx = Background());
   // Thread-safe against itself (one at a time).
-  StatusOr<SyncStats> Sync(bool final);
-  Status WriteDone(int exit_code);
+  StatusOr<SyncStats> Sync(SyncKind kind, const CallContext& ctx = Background());
+  // final: kCompleted, else kPeriodic.
+  StatusOr<SyncStats> Sync(bool final, const CallContext& ctx = Background());
+  Status WriteDone(int exit_code, const CallContext& ctx = Background());
   std::string Describe() const { return store_->Describe(); }
+  // Another VM committed to this run-id: this one no longer syncs. The
+  // message says what happened and what to do; empty while not fenced.
+  std::string Fenced() const;
 
  private:
   struct Uploaded {
@@ -82,19 +154,51 @@ class SyncEngine {
     std::string object;
     std::int64_t generation = 0;
   };
+  using FileMap = std::map<std::string, Uploaded>;
+
+  Status Commit(std::int64_t seq, const FileMap& next, bool marker, const CallContext& ctx);
+  void CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncStats& stats);
+  std::string RememberCommit(bool marker);
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;
   const Clock& clock_;
   std::mutex mu_;
-  std::map<std::string, Uploaded> state_;  // path relative to checkpoint_dir
+  FileMap state_;  // path relative to checkpoint_dir -> what the committed manifest holds
   bool restored_ = false;
+  bool marker_committed_ = false;         // the last commit was judged by the marker
   std::int64_t manifest_generation_ = 0;  // 0: no manifest (commit only if none appeared)
   std::int64_t sequence_ = 0;
+  std::string commit_id_;                 // of the last commit this VM made or restored
+  // A commit whose answer never came (out of time, cancelled): it may have
+  // landed. The next commit recognises it by its id.
+  struct Pending {
+    std::string commit_id;
+    std::int64_t sequence = 0;
+    FileMap files;
+    bool marker = false;
+  };
+  std::optional<Pending> pending_;
+  mutable std::mutex fence_mu_;
+  std::string fenced_;
+  std::set<std::string> warned_names_;
+  int deferrals_ = 0;
+  bool settle_warned_ = false;
 };
 
 // A manifest path is safe to restore: relative, no "." or ".." segments, no
 // empty segments, no NUL.
 bool IsSafeRelativePath(const std::string& path);
+
+// Why the object store cannot hold this relative path (not UTF-8, CR or LF,
+// too long), or "" when it can.
+std::string UnstorableReason(const std::string& rel);
+
+// Touches DIR/.spotvisor-complete (what `spotvisor checkpoint --done` does).
+Status MarkCheckpointComplete(const std::string& checkpoint_dir);
+
+// True if any process has a file under `dir` open for writing (from
+// /proc/PID/fd and fdinfo; processes we may not inspect are skipped).
+bool AnyFileOpenForWriting(const std::string& dir);
 
 }  // namespace spotvisor

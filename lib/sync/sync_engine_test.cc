@@ -7,8 +7,14 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
+#include <set>
 #include <sstream>
 
+#include "common/random.h"
+#include "common/strings.h"
+#include "output/utf8.h"
 #include "storage/file_object_store.h"
 
 namespace spotvisor {
@@ -28,23 +34,79 @@ class FakeClock final : public Clock {
 class FailingStore final : public ObjectStore {
  public:
   FailingStore(std::unique_ptr<ObjectStore> inner, std::string fail_name) : inner_(std::move(inner)), fail_(std::move(fail_name)) {}
-  StatusOr<ObjectInfo> UploadFile(const std::string& n, const std::string& p, const Precondition& pre) override {
-    return inner_->UploadFile(n, p, pre);
+  StatusOr<ObjectInfo> UploadFile(const std::string& n, const std::string& p, const Precondition& pre,
+                                  const CallContext& c) override {
+    return inner_->UploadFile(n, p, pre, c);
   }
-  StatusOr<ObjectInfo> UploadBytes(const std::string& n, const std::string& d, const Precondition& pre) override {
+  StatusOr<ObjectInfo> UploadBytes(const std::string& n, const std::string& d, const Precondition& pre,
+                                   const CallContext& c) override {
     if (n == fail_) return UnavailableError("power cut");
-    return inner_->UploadBytes(n, d, pre);
+    return inner_->UploadBytes(n, d, pre, c);
   }
-  StatusOr<std::string> ReadBytes(const std::string& n, ObjectInfo* i) override { return inner_->ReadBytes(n, i); }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p) override { return inner_->DownloadToFile(n, p); }
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& p) override { return inner_->List(p); }
-  Status Delete(const std::string& n, const Precondition& pre) override { return inner_->Delete(n, pre); }
-  Status CheckAccess() override { return inner_->CheckAccess(); }
+  StatusOr<std::string> ReadBytes(const std::string& n, ObjectInfo* i, const CallContext& c) override {
+    return inner_->ReadBytes(n, i, c);
+  }
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, const CallContext& c) override {
+    return inner_->DownloadToFile(n, p, c);
+  }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& p, const CallContext& c) override { return inner_->List(p, c); }
+  Status Delete(const std::string& n, const Precondition& pre, const CallContext& c) override { return inner_->Delete(n, pre, c); }
+  Status CheckAccess(const CallContext& c) override { return inner_->CheckAccess(c); }
   std::string Describe() const override { return inner_->Describe(); }
 
  private:
   std::unique_ptr<ObjectStore> inner_;
   std::string fail_;
+};
+
+// A store that lets a test act in the middle of an operation: `before_upload`
+// runs before each file upload (a trainer writing meanwhile), `manifest`
+// decides what a manifest write answers after it was applied (a lost answer).
+class HookStore final : public ObjectStore {
+ public:
+  explicit HookStore(std::unique_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
+  StatusOr<ObjectInfo> UploadFile(const std::string& n, const std::string& p, const Precondition& pre,
+                                  const CallContext& c) override {
+    ++uploads;
+    names.push_back(n);
+    if (before_upload) before_upload(n);
+    if (block_uploads) {
+      while (c.cancel && !c.cancel->cancelled() && !c.expired()) c.cancel->WaitFor(std::chrono::milliseconds(5));
+      if (auto s = c.Check("uploading"); !s.ok()) return s;
+    }
+    return inner_->UploadFile(n, p, pre, c);
+  }
+  StatusOr<ObjectInfo> UploadBytes(const std::string& n, const std::string& d, const Precondition& pre,
+                                   const CallContext& c) override {
+    auto r = inner_->UploadBytes(n, d, pre, c);
+    if (n == "manifest.json" && r.ok() && manifest_answer) {
+      auto answer = manifest_answer();
+      if (!answer.ok()) return answer;  // applied, but this is what the caller hears
+    }
+    return r;
+  }
+  StatusOr<std::string> ReadBytes(const std::string& n, ObjectInfo* i, const CallContext& c) override {
+    return inner_->ReadBytes(n, i, c);
+  }
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, const CallContext& c) override {
+    return inner_->DownloadToFile(n, p, c);
+  }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& p, const CallContext& c) override { return inner_->List(p, c); }
+  Status Delete(const std::string& n, const Precondition& pre, const CallContext& c) override {
+    ++deletes;
+    return inner_->Delete(n, pre, c);
+  }
+  Status CheckAccess(const CallContext& c) override { return inner_->CheckAccess(c); }
+  std::string Describe() const override { return inner_->Describe(); }
+
+  std::function<void(const std::string&)> before_upload;
+  std::function<Status()> manifest_answer;
+  bool block_uploads = false;
+  int uploads = 0, deletes = 0;
+  std::vector<std::string> names;
+
+ private:
+  std::unique_ptr<ObjectStore> inner_;
 };
 
 struct Dirs {
@@ -79,10 +141,46 @@ void Age(const std::string& path, const FakeClock& clock, std::chrono::seconds a
   REQUIRE(utimensat(AT_FDCWD, path.c_str(), ts, 0) == 0);
 }
 
-SyncEngine Engine(const Dirs& d, const FakeClock& clock, const std::string& ckpt = "") {
-  SyncOptions o{ckpt.empty() ? d.ckpt : ckpt, "run1", "vm-a", 3, 5s};
-  return SyncEngine(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+// Waiting moves the fake wall clock on: files age as they would.
+class ClockSleeper final : public Sleeper {
+ public:
+  explicit ClockSleeper(FakeClock& clock) : clock_(clock) {}
+  bool SleepFor(std::chrono::milliseconds d) override {
+    clock_.wall += d;
+    ++sleeps;
+    return true;
+  }
+  int sleeps = 0;
+
+ private:
+  FakeClock& clock_;
+};
+
+SyncOptions Options(const std::string& ckpt, const std::string& instance = "vm-a") {
+  SyncOptions o;
+  o.checkpoint_dir = ckpt;
+  o.run_id = "run1";
+  o.instance = instance;
+  o.parallelism = 3;
+  o.settle = 5s;
+  return o;
 }
+
+SyncEngine Engine(const Dirs& d, const FakeClock& clock, const std::string& ckpt = "") {
+  return SyncEngine(MakeFileObjectStore(d.bucket + "/run1"), Options(ckpt.empty() ? d.ckpt : ckpt), clock);
+}
+
+// The objects under checkpoints/, relative to it.
+std::vector<std::string> Objects(const Dirs& d) {
+  std::vector<std::string> objects;
+  for (auto const& entry : fs::recursive_directory_iterator(d.bucket + "/run1/checkpoints")) {
+    if (entry.is_regular_file()) objects.push_back(fs::relative(entry.path(), d.bucket + "/run1/checkpoints").string());
+  }
+  std::sort(objects.begin(), objects.end());
+  return objects;
+}
+
+nlohmann::json Manifest(const Dirs& d) { return nlohmann::json::parse(Read(d.bucket + "/run1/manifest.json")); }
 
 TEST_CASE("sync, reboot, restore: the bytes come back identical") {
   Dirs d;
@@ -138,12 +236,10 @@ TEST_CASE("incremental: unchanged files are never uploaded twice; the old versio
   CHECK(s->files_uploaded == 1);
   CHECK(s->bytes_uploaded == 9);
   CHECK(s->files_deleted == 1);
-  std::vector<std::string> objects;
-  for (auto const& entry : fs::recursive_directory_iterator(d.bucket + "/run1/checkpoints")) {
-    objects.push_back(fs::relative(entry.path(), d.bucket + "/run1/checkpoints").string());
-  }
-  std::sort(objects.begin(), objects.end());
-  CHECK(objects == std::vector<std::string>{"a~1", "b~2"});
+  auto objects = Objects(d);
+  REQUIRE(objects.size() == 2);
+  CHECK(StartsWith(objects[0], "a~1."));  // a~SEQ.NONCE
+  CHECK(StartsWith(objects[1], "b~2."));
 }
 
 TEST_CASE("a sync cut off before its commit leaves the previous checkpoint restorable") {
@@ -156,8 +252,8 @@ TEST_CASE("a sync cut off before its commit leaves the previous checkpoint resto
     REQUIRE(e.Sync(true).ok());
   }
   {
-    SyncOptions o{d.ckpt, "run1", "vm-a", 2, 5s};
-    SyncEngine e(std::make_unique<FailingStore>(MakeFileObjectStore(d.bucket + "/run1"), "manifest.json"), o, clock);
+    SyncEngine e(std::make_unique<FailingStore>(MakeFileObjectStore(d.bucket + "/run1"), "manifest.json"), Options(d.ckpt),
+                 clock);
     REQUIRE(e.Restore().ok());
     Write(d.ckpt + "/model", "epoch-2, half uploaded");
     auto s = e.Sync(true);
@@ -186,6 +282,8 @@ TEST_CASE("two VMs sharing a run-id cannot overwrite each other's commit") {
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().code() == StatusCode::kFailedPrecondition);
   CHECK(s.status().message().find("another VM is using run-id \"run1\"") != std::string::npos);
+  CHECK(s.status().message().find("vm-a") != std::string::npos);  // who won
+  CHECK_FALSE(b.Fenced().empty());
 }
 
 TEST_CASE("a deleted file is dropped from the next manifest and its object deleted") {
@@ -201,25 +299,31 @@ TEST_CASE("a deleted file is dropped from the next manifest and its object delet
   REQUIRE(s.ok());
   CHECK(s->files_total == 1);
   CHECK(s->files_deleted == 1);
-  CHECK_FALSE(fs::exists(d.bucket + "/run1/checkpoints/gone~1"));
+  for (auto const& o : Objects(d)) CHECK_FALSE(StartsWith(o, "gone~"));
 }
 
-TEST_CASE("fresh files wait for sync-settle, except in the final sync") {
+TEST_CASE("the tree is judged as one: a fresh file holds back the whole checkpoint, except in the final sync") {
   Dirs d;
   FakeClock clock;
-  Write(d.ckpt + "/old", "o");
-  Write(d.ckpt + "/writing", "w");
-  Age(d.ckpt + "/old", clock, 10s);
-  Age(d.ckpt + "/writing", clock, 1s);
-  auto e = Engine(d, clock);
+  Write(d.ckpt + "/optimizer.pt", "save N-1");
+  Write(d.ckpt + "/model.pt", "save N");
+  Age(d.ckpt + "/optimizer.pt", clock, 10s);
+  Age(d.ckpt + "/model.pt", clock, 0s);
+  auto o = Options(d.ckpt);
+  o.check_open_files = false;
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
   REQUIRE(e.Restore().ok());
-  auto s = e.Sync(false);
+  // Never model.pt of save N with optimizer.pt of save N-1: nothing at all.
+  auto s = e.Sync(SyncKind::kPeriodic);
   REQUIRE(s.ok());
-  CHECK(s->files_uploaded == 1);
-  CHECK(s->files_deferred == 1);
-  auto f = e.Sync(true);
+  CHECK(s->deferred);
+  CHECK(s->files_uploaded == 0);
+  CHECK(s->files_deferred == 2);
+  CHECK_FALSE(fs::exists(d.bucket + "/run1/manifest.json"));
+  auto f = e.Sync(SyncKind::kCompleted);
   REQUIRE(f.ok());
-  CHECK(f->files_uploaded == 1);
+  CHECK_FALSE(f->deferred);
+  CHECK(f->files_uploaded == 2);
   CHECK(f->files_total == 2);
 }
 
@@ -293,7 +397,9 @@ TEST_CASE("a corrupted object fails the restore instead of starting from it") {
     REQUIRE(e.Restore().ok());
     REQUIRE(e.Sync(true).ok());
   }
-  Write(d.bucket + "/run1/checkpoints/m~1", "BAD bytes!");  // same size, other content
+  auto objects = Objects(d);
+  REQUIRE(objects.size() == 1);
+  Write(d.bucket + "/run1/checkpoints/" + objects[0], "BAD bytes!");  // same size, other content
   auto fresh = d.root + "/fresh";
   fs::create_directories(fresh);
   auto e = Engine(d, clock, fresh);
@@ -301,6 +407,446 @@ TEST_CASE("a corrupted object fails the restore instead of starting from it") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message().find("does not match the manifest") != std::string::npos);
   CHECK_FALSE(fs::exists(fresh + "/m"));
+}
+
+// ---- issue #11: checkpoints that survive real trainers ----
+
+// A restore on a fresh disk brings back exactly `want` (path -> bytes).
+void CheckRestores(const Dirs& d, const FakeClock& clock, const std::map<std::string, std::string>& want) {
+  auto fresh = d.root + "/verify-" + std::to_string(RandomSeed() % 1000000);
+  fs::create_directories(fresh);
+  auto e = Engine(d, clock, fresh);
+  auto r = e.Restore();
+  REQUIRE(r.ok());
+  std::map<std::string, std::string> got;
+  for (auto const& entry : fs::recursive_directory_iterator(fresh)) {
+    if (entry.is_regular_file() && entry.path().filename() != kCompleteMarker) {
+      got[fs::relative(entry.path(), fresh).string()] = Read(entry.path());
+    }
+  }
+  CHECK(got == want);
+  fs::remove_all(fresh);
+}
+
+TEST_CASE("a lost answer to the commit is recognised as our own commit, not another VM's") {
+  Dirs d;
+  FakeClock clock;
+  auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+  auto* h = hook.get();
+  SyncEngine e(std::move(hook), Options(d.ckpt), clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/model.pt", "step 1");
+  REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+
+  SECTION("the store's retry meets its own manifest (412)") {
+    // The write landed, its answer was lost, the retry's precondition failed.
+    h->manifest_answer = [] { return FailedPreconditionError("precondition failed (HTTP 412)"); };
+    Write(d.ckpt + "/model.pt", "step 2");
+    auto s = e.Sync(SyncKind::kCompleted);
+    REQUIRE(s.ok());
+    CHECK(s->sequence == 2);
+    h->manifest_answer = nullptr;
+    Write(d.ckpt + "/model.pt", "step 3, the run goes on");
+    auto next = e.Sync(SyncKind::kCompleted);
+    REQUIRE(next.ok());
+    CHECK(next->sequence == 3);
+    CHECK(e.Fenced().empty());
+    CheckRestores(d, clock, {{"model.pt", "step 3, the run goes on"}});
+  }
+  SECTION("the answer never came (out of retries): the next sync builds on it") {
+    h->manifest_answer = [] { return UnavailableError("connection reset"); };
+    Write(d.ckpt + "/model.pt", "step 2");
+    CHECK_FALSE(e.Sync(SyncKind::kCompleted).ok());
+    CheckRestores(d, clock, {{"model.pt", "step 2"}});  // it did land
+    h->manifest_answer = nullptr;
+    Write(d.ckpt + "/model.pt", "step 3!");
+    auto next = e.Sync(SyncKind::kCompleted);
+    REQUIRE(next.ok());
+    CHECK(next->sequence == 3);
+    CHECK(e.Fenced().empty());
+    CheckRestores(d, clock, {{"model.pt", "step 3!"}});
+  }
+  // No upload ever reused a name: each (path, sequence, nonce) is new.
+  std::set<std::string> unique(h->names.begin(), h->names.end());
+  CHECK(unique.size() == h->names.size());
+}
+
+TEST_CASE("two VMs on one run-id: the loser never touches the winner's checkpoint and stops trying") {
+  Dirs d;
+  FakeClock clock;
+  auto other = d.root + "/other";
+  fs::create_directories(other);
+  auto a = Engine(d, clock);
+  auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+  auto* h = hook.get();
+  SyncEngine b(std::move(hook), Options(other, "vm-b"), clock);
+  REQUIRE(a.Restore().ok());
+  REQUIRE(b.Restore().ok());
+  Write(d.ckpt + "/model.pt", "A's model");
+  Write(d.ckpt + "/opt.pt", "A's optimizer");
+  REQUIRE(a.Sync(SyncKind::kCompleted).ok());
+  // Same file names, same sequence number: B's uploads must not collide.
+  Write(other + "/model.pt", "B's model");
+  Write(other + "/opt.pt", "B's optimizer");
+  auto lost = b.Sync(SyncKind::kCompleted);
+  REQUIRE_FALSE(lost.ok());
+  CHECK(lost.status().message().find("Stop one of the two VMs") != std::string::npos);
+  CheckRestores(d, clock, {{"model.pt", "A's model"}, {"opt.pt", "A's optimizer"}});
+  int uploads = h->uploads;
+  Write(other + "/model.pt", "B's next model");
+  auto again = b.Sync(SyncKind::kCompleted);
+  REQUIRE_FALSE(again.ok());
+  CHECK(h->uploads == uploads);  // fenced: not even an upload
+  CHECK(h->deletes == 0);        // and never a delete
+  CHECK_FALSE(b.WriteDone(0).ok());
+  CHECK_FALSE(fs::exists(d.bucket + "/run1/DONE"));
+  // The winner goes on, and its garbage collection spares nothing it needs.
+  Write(d.ckpt + "/model.pt", "A's model 2");
+  REQUIRE(a.Sync(SyncKind::kCompleted).ok());
+  CheckRestores(d, clock, {{"model.pt", "A's model 2"}, {"opt.pt", "A's optimizer"}});
+}
+
+TEST_CASE("garbage collection spares objects of later sequences (another VM building on this commit)") {
+  Dirs d;
+  FakeClock clock;
+  auto e = Engine(d, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/m", "1");
+  REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  Write(d.bucket + "/run1/checkpoints/m~5.feedfacefeedface", "in flight elsewhere");
+  Write(d.bucket + "/run1/checkpoints/m~1.0000000000000000", "an orphan of an old sync");
+  Write(d.ckpt + "/m", "2");
+  auto s = e.Sync(SyncKind::kCompleted);
+  REQUIRE(s.ok());
+  auto objects = Objects(d);
+  CHECK(std::count(objects.begin(), objects.end(), "m~5.feedfacefeedface") == 1);
+  CHECK(std::count(objects.begin(), objects.end(), "m~1.0000000000000000") == 0);
+}
+
+TEST_CASE("the completion marker: a tree newer than its marker is mid-save; touched, it syncs at once") {
+  Dirs d;
+  FakeClock clock;
+  ClockSleeper sleeper(clock);
+  auto o = Options(d.ckpt);
+  o.sleeper = &sleeper;
+  o.check_open_files = false;
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/model.pt", "save 1");
+  Write(d.ckpt + "/optimizer.pt", "save 1");
+  REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+  // Fresh files, but the trainer said the save is complete: no settle wait.
+  auto s = e.Sync(SyncKind::kPeriodic);
+  REQUIRE(s.ok());
+  CHECK_FALSE(s->deferred);
+  CHECK(s->judged_by == "marker");
+  CHECK(s->files_uploaded == 2);
+  CHECK(sleeper.sleeps == 0);
+  CHECK(Manifest(d)["marker"] == true);
+  // Save 2 has begun: model.pt is newer than the marker.
+  clock.wall += 1s;
+  Write(d.ckpt + "/model.pt", "save 2");
+  Age(d.ckpt + "/model.pt", clock, 0s);
+  auto mid = e.Sync(SyncKind::kPeriodic);
+  REQUIRE(mid.ok());
+  CHECK(mid->deferred);
+  CHECK(mid->deferred_reason.find("newer than .spotvisor-complete") != std::string::npos);
+  // Preempted mid-save: the final sync keeps commit #1 rather than mixing saves.
+  auto fin = e.Sync(SyncKind::kStopped);
+  REQUIRE(fin.ok());
+  CHECK(fin->deferred);
+  CHECK(fin->sequence == 1);
+  CHECK(fin->not_uploaded == std::vector<std::string>{"model.pt"});
+  CheckRestores(d, clock, {{"model.pt", "save 1"}, {"optimizer.pt", "save 1"}});
+  // The restored tree carries the marker again.
+  auto fresh = d.root + "/fresh";
+  fs::create_directories(fresh);
+  auto e2 = Engine(d, clock, fresh);
+  REQUIRE(e2.Restore().ok());
+  CHECK(fs::exists(fresh + "/" + kCompleteMarker));
+}
+
+TEST_CASE("a file that changes during the upload is not committed: a new snapshot is, copied first") {
+  Dirs d;
+  FakeClock clock;
+  ClockSleeper sleeper(clock);
+  auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+  auto* h = hook.get();
+  auto o = Options(d.ckpt);
+  o.sleeper = &sleeper;
+  o.check_open_files = false;
+  SyncEngine e(std::move(hook), o, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/model.pt", "save 1 model");
+  Write(d.ckpt + "/optimizer.pt", "save 1 optimizer");
+  REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+  int saves = 0;
+  h->before_upload = [&](const std::string&) {
+    if (saves++ > 0) return;
+    // The trainer saves again (both files, then the marker) mid-upload.
+    Write(d.ckpt + "/model.pt", "save 2 model!");
+    Write(d.ckpt + "/optimizer.pt", "save 2 optimizer!");
+    REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+  };
+  auto s = e.Sync(SyncKind::kPeriodic);
+  REQUIRE(s.ok());
+  CHECK_FALSE(s->deferred);
+  CHECK(s->attempts == 2);
+  CHECK(s->staged);
+  CheckRestores(d, clock, {{"model.pt", "save 2 model!"}, {"optimizer.pt", "save 2 optimizer!"}});
+  CHECK_FALSE(fs::exists(d.ckpt + "/" + kStagingDir));
+}
+
+TEST_CASE("rotation: a checkpoint-N/ deleted under the sync is not part of the snapshot, and nothing fails") {
+  Dirs d;
+  FakeClock clock;
+  auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+  auto* h = hook.get();
+  SyncEngine e(std::move(hook), Options(d.ckpt), clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/checkpoint-100/model.safetensors", "m100");
+  Write(d.ckpt + "/checkpoint-100/trainer_state.json", "{100}");
+  Write(d.ckpt + "/checkpoint-200/model.safetensors", "m200");
+  Write(d.ckpt + "/checkpoint-200/trainer_state.json", "{200}");
+  Write(d.ckpt + "/tmp-checkpoint-300/model.safetensors", "half of 300");  // HF's save in progress
+  bool rotated = false;
+  h->before_upload = [&](const std::string&) {
+    if (rotated) return;
+    rotated = true;
+    fs::remove_all(d.ckpt + "/checkpoint-100");  // save_total_limit
+  };
+  auto s = e.Sync(SyncKind::kStopped);
+  REQUIRE(s.ok());
+  CHECK(s->attempts == 2);
+  CheckRestores(d, clock, {{"checkpoint-200/model.safetensors", "m200"}, {"checkpoint-200/trainer_state.json", "{200}"}});
+}
+
+TEST_CASE("a trainer saving faster than sync-settle is synced when no file is open for writing") {
+  Dirs d;
+  FakeClock clock;
+  ClockSleeper sleeper(clock);
+  auto o = Options(d.ckpt);
+  o.sleeper = &sleeper;
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/model.pt", "save 7");
+  Age(d.ckpt + "/model.pt", clock, 2s);  // older than settle/5, younger than settle
+  SECTION("nothing holds it open: synced now") {
+    auto s = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(s.ok());
+    CHECK_FALSE(s->deferred);
+    CHECK(s->judged_by == "quiet");
+  }
+  SECTION("held open for writing: deferred, and after a few such syncs one warning") {
+    int fd = open((d.ckpt + "/model.pt").c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    CHECK(AnyFileOpenForWriting(d.ckpt));
+    std::string warning;
+    int warnings = 0;
+    for (int i = 0; i < 5; ++i) {
+      // Saved again just now (the sync's own waits age it by less than sync-settle).
+      Write(d.ckpt + "/model.pt", "save " + std::to_string(8 + i));
+      Age(d.ckpt + "/model.pt", clock, 0s);
+      auto s = e.Sync(SyncKind::kPeriodic);
+      REQUIRE(s.ok());
+      CHECK(s->deferred);
+      if (!s->settle_warning.empty()) {
+        ++warnings;
+        warning = s->settle_warning;
+      }
+    }
+    close(fd);
+    CHECK(warnings == 1);
+    CHECK(warning.find("spotvisor checkpoint --done") != std::string::npos);
+    CHECK_FALSE(AnyFileOpenForWriting(d.ckpt));
+  }
+}
+
+TEST_CASE("names the store cannot hold are skipped with one warning; the rest is committed") {
+  Dirs d;
+  FakeClock clock;
+  auto e = Engine(d, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/good.pt", "g");
+  Write(d.ckpt + "/bad\xff\xfe.pt", "latin-1");
+  Write(d.ckpt + "/two\nlines.pt", "newline");
+  auto s = e.Sync(SyncKind::kCompleted);
+  REQUIRE(s.ok());
+  CHECK(s->files_total == 1);
+  REQUIRE(s->skipped_names.size() == 2);
+  for (auto const& n : s->skipped_names) CHECK(output::IsValidUtf8(n));
+  Write(d.ckpt + "/good.pt", "g2");
+  auto again = e.Sync(SyncKind::kCompleted);
+  REQUIRE(again.ok());
+  CHECK(again->skipped_names.empty());  // said once
+  CheckRestores(d, clock, {{"good.pt", "g2"}});
+  CHECK(UnstorableReason(std::string(901, 'a')).find("longer") != std::string::npos);
+}
+
+TEST_CASE("restored files belong to the trainer's user") {
+  if (geteuid() != 0) {
+    WARN("needs root to give files away: not checked");
+    return;
+  }
+  Dirs d;
+  FakeClock clock;
+  Write(d.ckpt + "/sub/model.pt", "m");
+  {
+    auto e = Engine(d, clock);
+    REQUIRE(e.Restore().ok());
+    REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  }
+  auto fresh = d.root + "/fresh";
+  fs::create_directories(fresh);
+  auto o = Options(fresh);
+  o.owner_uid = 65534;
+  o.owner_gid = 65534;
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  REQUIRE(e.Restore().ok());
+  for (auto p : {fresh + "/sub", fresh + "/sub/model.pt"}) {
+    struct stat st {};
+    REQUIRE(lstat(p.c_str(), &st) == 0);
+    INFO(p);
+    CHECK(st.st_uid == 65534u);
+    CHECK(st.st_gid == 65534u);
+    CHECK((st.st_mode & 0777) == (S_ISDIR(st.st_mode) ? 0755u : 0644u));
+  }
+}
+
+TEST_CASE("a restart on the same disk keeps local files newer than the last commit") {
+  Dirs d;
+  FakeClock clock;
+  auto state = d.root + "/state.json";
+  auto make = [&](const std::string& dir, const std::string& instance = "vm-a") {
+    auto o = Options(dir, instance);
+    o.state_file = state;
+    return SyncEngine(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  };
+  {
+    auto e = make(d.ckpt);
+    REQUIRE(e.Restore().ok());
+    Write(d.ckpt + "/latest.ckpt", "step 100");
+    REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  }
+  SECTION("newer local files are kept and synced") {
+    Write(d.ckpt + "/latest.ckpt", "step 150, never synced");
+    auto e = make(d.ckpt);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK(r->kept_local);
+    CHECK(r->local_changes == 1);
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 150, never synced");
+    auto s = e.Sync(SyncKind::kCompleted);
+    REQUIRE(s.ok());
+    CHECK(s->files_uploaded == 1);
+    CheckRestores(d, clock, {{"latest.ckpt", "step 150, never synced"}});
+  }
+  SECTION("unchanged: nothing downloaded, nothing kept") {
+    auto e = make(d.ckpt);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->kept_local);
+    CHECK(r->files_downloaded == 0);
+  }
+  SECTION("the bucket moved on (another VM committed since): the bucket wins") {
+    {
+      auto other = d.root + "/other";
+      fs::create_directories(other);
+      auto o = Options(other, "vm-b");
+      SyncEngine b(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+      REQUIRE(b.Restore().ok());
+      Write(other + "/latest.ckpt", "step 300 from vm-b");
+      REQUIRE(b.Sync(SyncKind::kCompleted).ok());
+    }
+    Write(d.ckpt + "/latest.ckpt", "step 150, never synced");
+    auto e = make(d.ckpt);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->kept_local);
+    CHECK_FALSE(r->bucket_won.empty());
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 300 from vm-b");
+  }
+  SECTION("files only missing (a cleaned or new disk at that path): the bucket puts them back") {
+    fs::remove(d.ckpt + "/latest.ckpt");
+    auto e = make(d.ckpt);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->kept_local);
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100");
+    // Never an empty commit over the real one.
+    REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+    CheckRestores(d, clock, {{"latest.ckpt", "step 100"}});
+  }
+  SECTION("another checkpoint dir (another disk) with the same state-dir: the record does not apply") {
+    auto other = d.root + "/ckpt2";
+    fs::create_directories(other);
+    auto e = make(other);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->kept_local);
+    CHECK(Read(other + "/latest.ckpt") == "step 100");
+  }
+  SECTION("a local save cut off mid-way (files newer than the marker): the bucket wins") {
+    REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+    clock.wall += 2s;
+    Write(d.ckpt + "/latest.ckpt", "step 150, torn");
+    Age(d.ckpt + "/latest.ckpt", clock, 0s);
+    auto e = make(d.ckpt);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->kept_local);
+    CHECK(r->bucket_won.find("mid-save") != std::string::npos);
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100");
+  }
+}
+
+TEST_CASE("a malformed manifest is an error naming the entry, never a crash") {
+  Dirs d;
+  FakeClock clock;
+  for (auto text : {R"({"files":[{"path":"m","object":"checkpoints/m~1","size":"1","crc32c":"AAAAAA=="}]})",
+                    R"({"files":[{"path":7}]})", R"({"files":{}})", R"([1,2])", "\xff\xfe", R"({"sequence":"x","files":[]})",
+                    R"({"files":[{"path":"m","object":"checkpoints/m~1","size":1e400,"crc32c":"AAAAAA=="}]})"}) {
+    INFO(text);
+    Write(d.bucket + "/run1/manifest.json", text);
+    auto e = Engine(d, clock);
+    auto r = e.Restore();
+    REQUIRE_FALSE(r.ok());
+    CHECK(output::IsValidUtf8(r.status().message()));
+  }
+}
+
+TEST_CASE("a cancelled sync (the final sync needs the lock) returns at once, as does one out of time") {
+  Dirs d;
+  FakeClock clock;
+  SystemClock real;
+  auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+  hook->block_uploads = true;  // a store that never answers on its own
+  SyncEngine e(std::move(hook), Options(d.ckpt), clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/a.pt", "a");
+  Write(d.ckpt + "/b.pt", "b");
+  SECTION("cancelled") {
+    CallContext ctx;
+    ctx.cancel = std::make_shared<CancelSource>();
+    std::thread canceller([&] { ctx.cancel->Cancel(); });
+    auto s = e.Sync(SyncKind::kStopped, ctx);
+    canceller.join();
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().code() == StatusCode::kCancelled);
+  }
+  SECTION("out of time: it says what did not make it") {
+    CallContext ctx;
+    ctx.cancel = std::make_shared<CancelSource>();
+    ctx.clock = &real;
+    ctx.deadline = real.Now() + 50ms;
+    ctx.urgent = true;
+    auto s = e.Sync(SyncKind::kStopped, ctx);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().code() == StatusCode::kDeadlineExceeded);
+    CHECK(s.status().message().find("not uploaded: \"") != std::string::npos);
+    CHECK(s.status().message().find("a.pt") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(d.bucket + "/run1/manifest.json"));
 }
 
 }  // namespace
