@@ -304,6 +304,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   c.max_runtime = res.Duration("max-runtime", c.max_runtime);
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
   c.preemption_stop_lead = res.Duration("preemption-stop-lead", c.preemption_stop_lead);
+  c.preemption_window = res.Duration("preemption-window", c.preemption_window);
   c.on_failure_hold = res.Duration("on-failure-hold", c.on_failure_hold);
   c.idle_timeout = res.Duration("idle-timeout", c.idle_timeout);
   res.Integer("idle-threshold", 1, 100, c.idle_threshold);

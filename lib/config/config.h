@@ -75,6 +75,7 @@ struct Config {
   std::chrono::milliseconds max_runtime{0};  // 0: none
   std::chrono::milliseconds maintenance_stop_lead{0};
   std::chrono::milliseconds preemption_stop_lead{0};
+  std::chrono::milliseconds preemption_window{30'000};
   std::chrono::milliseconds on_failure_hold{0};
   std::chrono::milliseconds idle_timeout{0};
   int idle_threshold = 5;

@@ -39,6 +39,9 @@ const std::vector<KeySpec>& AllKeys() {
       {"preemption-stop-lead", "0s",
        "For VMs created with --preemption-notice-duration: on preemption, sync at once and stop the trainer this much "
        "later (0: right away)"},
+      {"preemption-window", "30s",
+       "How long the cloud lets a preempted VM run after the power button (GCE Spot: 30s): the final sync must end "
+       "3s before that"},
       {"on-failure-hold", "0",
        "After a failed run, keep the VM up this long before on-exit, for debugging (spotvisor release ends it early)"},
       {"bucket", "",

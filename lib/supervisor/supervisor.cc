@@ -128,6 +128,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.max_runtime = c.max_runtime;
   o.maintenance_stop_lead = c.maintenance_stop_lead;
   o.preemption_stop_lead = c.preemption_stop_lead;
+  o.preemption_window = c.preemption_window;
   o.on_failure_hold = c.on_failure_hold;
   o.mounts = HasMounts(c);
   // Each step waits up to mount-timeout; formatting a scratch disk may take
@@ -460,8 +461,10 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   if (auto fenced = engine->Fenced(); !fenced.empty()) {
     // Said once, as an ERROR, when it happened; from then on this VM only
     // notes that it does not sync.
-    logger_.Info("sync.skipped", fmt::format("{} sync skipped: another VM owns run-id \"{}\" (see sync.fenced)", kind,
-                                             options_.config.run_id));
+    logger_.Info("sync.skipped",
+                 fmt::format("{} sync skipped: another VM owns run-id \"{}\" (see sync.fenced)", kind,
+                             output::EscapeInvalidUtf8(options_.config.run_id)),
+                 {{"kind", kind}, {"reason", "fenced"}});
     if (final) asio::post(io_, [this] { Dispatch(SyncDone{false, true}); });
     if (kind == "restart") asio::post(io_, [this] { Dispatch(SyncDone{false, false}); });
     return;

@@ -292,14 +292,14 @@ class ScratchDiskTest(MountTestCase):
         dev = self.attach(img)
         name = self.disk_name()
         self.link(dev, "google-" + name)
-        before = run("blkid", "-o", "value", "-s", "UUID", dev)
+        before = run("blkid", "-p", "-o", "value", "-s", "UUID", dev)
         p = self.job("echo SHOULD-NOT-RUN", {"scratch-disk": name, "scratch-dir": self.path("scratch")})
         self.assertEqual(p.wait_exit(), 72)
         msg = p.wait_event("mount.failed")["message"]
         self.assertIn("not formatting it", msg)
         self.assertIn("users-data", msg)
         self.assertFalse(p.find("mount.formatting"))
-        self.assertEqual(run("blkid", "-o", "value", "-s", "UUID", dev), before)
+        self.assertEqual(run("blkid", "-p", "-o", "value", "-s", "UUID", dev), before)
         self.assertIn("precious.txt", run("debugfs", "-R", "ls /", dev))
 
 
