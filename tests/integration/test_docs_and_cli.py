@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import unittest
 
@@ -38,7 +39,7 @@ class DocsTest(unittest.TestCase):
 
 class CliTest(unittest.TestCase):
     def test_help_for_every_command(self):
-        for cmd in ("daemon", "run", "config", "status", "sync", "release", "version"):
+        for cmd in ("daemon", "run", "config", "status", "sync", "release", "checkpoint", "version"):
             out = run(cmd, "--help")
             self.assertEqual(out.returncode, 0, cmd)
             self.assertTrue(out.stdout.startswith(f"Usage: spotvisor {cmd}"), out.stdout)
@@ -58,6 +59,24 @@ class CliTest(unittest.TestCase):
     def test_version(self):
         out = run("version")
         self.assertRegex(out.stdout, r"^spotvisor \d+\.\d+\.\d+\n$")
+
+    def test_checkpoint_done_touches_the_marker(self):
+        import tempfile
+        d = tempfile.mkdtemp(prefix="spotvisor-cli-")
+        try:
+            marker = os.path.join(d, ".spotvisor-complete")
+            out = run("checkpoint", "--done", "--dir", d)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            first = os.stat(marker).st_mtime_ns
+            os.utime(marker, ns=(first - 10**9, first - 10**9))
+            env = dict(os.environ, SPOTVISOR_CHECKPOINT_DIR=d)
+            out = subprocess.run([SPOTVISOR, "checkpoint", "--done"], capture_output=True, text=True, env=env)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertGreater(os.stat(marker).st_mtime_ns, first - 10**9, "touched again: newer")
+            self.assertEqual(run("checkpoint").returncode, 64)  # no action
+            self.assertEqual(run("checkpoint", "--done", "--dir", os.path.join(d, "missing")).returncode, 1)
+        finally:
+            shutil.rmtree(d, True)
 
     def test_status_without_a_daemon(self):
         out = run("status", "--state-dir", "/nonexistent-spotvisor-state")
