@@ -15,6 +15,30 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" "$@"
 
+# The libFuzzer targets (fuzz/, docs/fuzzing.md): built with clang, then 5 s each from
+# their seed corpora (new inputs go to a scratch directory, not into the tree). Skipped,
+# saying so, where clang++ cannot link a libFuzzer target (install-deps.sh installs it).
+fuzz_probe='extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }'
+if command -v clang++ >/dev/null && echo "$fuzz_probe" | clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null; then
+  fuzz_build=${SPOTVISOR_FUZZ_BUILD_DIR:-build-fuzz}
+  CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTVISOR_FUZZ=ON -DBUILD_TESTING=OFF >/dev/null
+  cmake --build "$fuzz_build" --target fuzz_all --parallel "$(nproc)"
+  for corpus in fuzz/corpus/*/; do
+    t=$(basename "$corpus")
+    scratch=$(mktemp -d)
+    if ! "$fuzz_build/fuzz/fuzz_$t" -max_total_time=5 -max_len=4096 -artifact_prefix="$fuzz_build/fuzz/$t-" \
+        "$scratch" "$corpus" >"$fuzz_build/fuzz/$t.log" 2>&1; then
+      tail -n 60 "$fuzz_build/fuzz/$t.log"
+      echo "test.sh: fuzz_$t found a crash; the input is in $fuzz_build/fuzz/ (docs/fuzzing.md)" >&2
+      exit 1
+    fi
+    rm -rf "$scratch"
+    echo "fuzz_$t: $(grep -o 'Done [0-9]* runs' "$fuzz_build/fuzz/$t.log"), no finding"
+  done
+else
+  echo "test.sh: SKIPPED the fuzz targets: clang++ with libFuzzer is missing (apt-get install clang libclang-rt-dev)" >&2
+fi
+
 # Then the image-level tests, on the package as it ships (needs root; the first run
 # builds cached roots and a base image from the Debian and Ubuntu archives):
 # tests/package installs and runs the .deb on other distributions, tests/e2e boots it

@@ -28,6 +28,23 @@ TEST_CASE("bad durations are rejected with a hint") {
   CHECK(ParseDuration("20 sec").status().message() == "\"20 sec\" is not a duration (try 20s, 15m or 1h30m)");
 }
 
+TEST_CASE("numbers too large for a double are an error, not an exception") {
+  // std::stod threw std::out_of_range here, and the daemon died of SIGABRT.
+  std::string huge(400, '9');
+  for (auto text : {huge, huge + "s", "1" + huge + "ms", "0." + huge + "h" + huge}) {
+    auto d = ParseDuration(text);
+    INFO(text.size());
+    REQUIRE_FALSE(d.ok());
+    CHECK(d.status().code() == StatusCode::kInvalidArgument);
+    CHECK(d.status().message().size() < 200);  // the value is not quoted whole
+  }
+  CHECK(ParseDuration(huge).status().message().find("too long a duration") != std::string::npos);
+  CHECK(*ParseDuration("0." + std::string(400, '0') + "1s") == milliseconds(0));
+  CHECK(*ParseDuration("10000d") == milliseconds(864'000'000'000));
+  CHECK_FALSE(ParseDuration("10001d").ok());
+  CHECK_FALSE(ParseDuration("\xff\xfe").ok());
+}
+
 TEST_CASE("durations format back the way they are written") {
   CHECK(FormatDuration(milliseconds(5'400'000)) == "1h30m");
   CHECK(FormatDuration(milliseconds(20'000)) == "20s");

@@ -1,6 +1,8 @@
 #include "config/config.h"
 
-#include <regex>
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -9,10 +11,22 @@
 #include "common/strings.h"
 #include "config/keys.h"
 #include "mount/mounter.h"
+#include "output/utf8.h"
 #include "storage/object_store.h"
 
 namespace spotvisor {
 namespace {
+
+constexpr char kAfterDashDash[] = "command line (after --)";
+
+// Values quoted in error messages: readable whatever their bytes, and not
+// all of a value that is a megabyte long.
+std::string Shown(std::string_view v) {
+  constexpr std::size_t kMax = 200;
+  if (v.size() <= kMax) return output::EscapeInvalidUtf8(v);
+  return output::EscapeInvalidUtf8(v.substr(0, output::Utf8SafePrefixLength(v, kMax))) +
+         fmt::format("...({} bytes)", v.size());
+}
 
 bool IsEnvName(std::string_view s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -73,10 +87,19 @@ class Resolver {
     return *d;
   }
 
-  void Command(Config& c) {
+  void Command(Config& c, const std::vector<std::string>& cli_command) {
     auto const& v = Get("command");
     auto text = Trim(v.value);
     c.command = std::string(text);
+    if (v.source == ConfigSource::kCommandLine && !cli_command.empty() && v.origin == kAfterDashDash) {
+      // The words after -- are exec'ed as given, byte for byte: an argument
+      // need not be UTF-8 (a file name is bytes), so it is not round-tripped
+      // through JSON, which only holds text.
+      c.exec_form = true;
+      c.argv = cli_command;
+      if (c.argv[0].empty()) Error("command", "the program name (first element) is empty");
+      return;
+    }
     if (text.empty()) {
       r_.errors.push_back(
           "command: no command to run; set the spotvisor-command instance metadata attribute "
@@ -93,7 +116,7 @@ class Resolver {
         !std::all_of(json.begin(), json.end(), [](auto const& e) { return e.is_string(); })) {
       Error("command", fmt::format("\"{}\" is not a JSON array of strings (exec form, like [\"python\", \"train.py\"]); "
                                    "without the leading [ it would run through /bin/sh -c",
-                                   text));
+                                   Shown(text)));
       return;
     }
     for (auto const& e : json) c.argv.push_back(e.get<std::string>());
@@ -122,24 +145,39 @@ class Resolver {
     if (!c.exec_form) return;
     std::map<std::string, std::string> vars(c.env.begin(), c.env.end());
     for (auto const& [k, v] : SpotvisorEnv(c)) vars[k] = v;
-    static const std::regex kRef(R"(\$\{([A-Za-z_][A-Za-z0-9_]*)\})");
+    // A scan, not std::regex: libstdc++'s regex recurses once per character
+    // and overflows the stack on a long argument.
+    auto name_char = [](char ch, bool first) {
+      return std::isalpha(static_cast<unsigned char>(ch)) || ch == '_' || (!first && std::isdigit(static_cast<unsigned char>(ch)));
+    };
     for (auto& arg : c.argv) {
       std::string out;
-      auto begin = std::sregex_iterator(arg.begin(), arg.end(), kRef);
-      std::size_t last = 0;
-      for (auto it = begin; it != std::sregex_iterator(); ++it) {
-        auto const& m = *it;
-        out += arg.substr(last, m.position() - last);
-        auto found = vars.find(m[1].str());
+      std::size_t i = 0;
+      while (i < arg.size()) {
+        auto ref = arg.find("${", i);
+        if (ref == std::string::npos) break;
+        std::size_t j = ref + 2;
+        while (j < arg.size() && name_char(arg[j], j == ref + 2)) ++j;
+        if (j == ref + 2 || j >= arg.size() || arg[j] != '}') {
+          // Not a ${NAME} reference: copied as it is.
+          out.append(arg, i, ref + 2 - i);
+          i = ref + 2;
+          continue;
+        }
+        out.append(arg, i, ref - i);
+        std::string name = arg.substr(ref + 2, j - ref - 2);
+        auto found = vars.find(name);
         if (found == vars.end()) {
-          Error("command", fmt::format("${{{}}} is not defined in env (exec form expands only env and SPOTVISOR_* variables)", m[1].str()));
-          out += m.str();
+          Error("command", fmt::format("${{{}}} is not defined in env (exec form expands only env and SPOTVISOR_* variables)",
+                                       Shown(name)));
+          out.append(arg, ref, j + 1 - ref);
         } else {
           out += found->second;
         }
-        last = m.position() + m.length();
+        i = j + 1;
       }
-      arg = out + arg.substr(last);
+      out.append(arg, i, std::string::npos);
+      arg = std::move(out);
     }
   }
 
@@ -147,15 +185,19 @@ class Resolver {
     out = std::string(Trim(Get(key).value));
     if (out.empty() && may_be_empty) return;
     if (out.empty() || out.front() != '/') {
-      Error(key, fmt::format("\"{}\" is not an absolute path", out));
+      Error(key, fmt::format("\"{}\" is not an absolute path", Shown(out)));
     }
   }
 
   void RunId(Config& c) {
     c.run_id = std::string(Trim(Get("run-id").value));
-    static const std::regex kOk(R"([A-Za-z0-9][A-Za-z0-9._-]{0,127})");
-    if (!std::regex_match(c.run_id, kOk)) {
-      Error("run-id", fmt::format("\"{}\" is not a valid run id (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", c.run_id));
+    // [A-Za-z0-9][A-Za-z0-9._-]{0,127}, checked by hand: std::regex
+    // backtracks through the 127 optional characters and recurses per byte.
+    auto ok_char = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'; };
+    bool ok = !c.run_id.empty() && c.run_id.size() <= 128 && std::isalnum(static_cast<unsigned char>(c.run_id[0])) &&
+              std::all_of(c.run_id.begin(), c.run_id.end(), ok_char);
+    if (!ok) {
+      Error("run-id", fmt::format("\"{}\" is not a valid run id (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", Shown(c.run_id)));
     }
   }
 
@@ -164,7 +206,7 @@ class Resolver {
     char* end = nullptr;
     long n = std::strtol(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0' || n < lo || n > hi) {
-      Error(key, fmt::format("\"{}\" is not a whole number from {} to {}", v, lo, hi));
+      Error(key, fmt::format("\"{}\" is not a whole number from {} to {}", Shown(v), lo, hi));
       return;
     }
     out = static_cast<int>(n);
@@ -182,7 +224,7 @@ class Resolver {
       }
       names += (names.empty() ? "" : ", ") + std::string(name);
     }
-    Error(key, fmt::format("\"{}\" is not one of: {}", v, names));
+    Error(key, fmt::format("\"{}\" is not one of: {}", Shown(v), names));
   }
 
  private:
@@ -237,13 +279,16 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     layers.Set(key, value, ConfigSource::kCommandLine, "--set " + key);
   }
   if (!in.cli_command.empty()) {
-    layers.Set("command", nlohmann::json(in.cli_command).dump(), ConfigSource::kCommandLine,
-               "command line (after --)");
+    // For display (`spotvisor config`, logs) only: Command() execs
+    // in.cli_command itself. `replace`: an argument that is not UTF-8 must
+    // not throw here.
+    layers.Set("command", nlohmann::json(in.cli_command).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+               ConfigSource::kCommandLine, kAfterDashDash);
   }
 
   Config c;
   Resolver res(r);
-  res.Command(c);
+  res.Command(c, in.cli_command);
   res.Env(c);
   c.user = std::string(Trim(res.Get("user").value));
   if (c.user.empty()) r.errors.push_back(res.Get("user").origin + ": the user name is empty");
@@ -286,14 +331,24 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     if (line.empty() || line.front() == '#') continue;
     auto eq = line.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      res.Error("log-labels", fmt::format("\"{}\" is not NAME=value", line));
+      res.Error("log-labels", fmt::format("\"{}\" is not NAME=value", Shown(line)));
       continue;
     }
     c.log_labels[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
   }
   c.bucket = std::string(Trim(res.Get("bucket").value));
   if (!c.bucket.empty()) {
-    if (auto loc = ParseStoreLocation(c.bucket); !loc.ok()) res.Error("bucket", loc.status().message());
+    auto loc = ParseStoreLocation(c.bucket);
+    if (!loc.ok()) {
+      res.Error("bucket", loc.status().message());
+    } else if (loc->scheme == "file" && !c.checkpoint_dir.empty() &&
+               PathIsUnder(std::filesystem::path(loc->prefix).lexically_normal().string(),
+                           std::filesystem::path(c.checkpoint_dir).lexically_normal().string())) {
+      // Each sync would upload the previous syncs' objects again, into itself.
+      res.Error("bucket", fmt::format("\"{}\" is inside checkpoint-dir {}: the store would be synced into itself; keep "
+                                      "the file:// store outside checkpoint-dir",
+                                      Shown(c.bucket), Shown(c.checkpoint_dir)));
+    }
   }
   c.sync_interval = res.Duration("sync-interval", c.sync_interval);
   c.sync_settle = res.Duration("sync-settle", c.sync_settle);
@@ -305,6 +360,8 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
   c.preemption_stop_lead = res.Duration("preemption-stop-lead", c.preemption_stop_lead);
   c.preemption_window = res.Duration("preemption-window", c.preemption_window);
+  c.on_exit_timeout = res.Duration("on-exit-timeout", c.on_exit_timeout);
+  if (c.on_exit_timeout < std::chrono::seconds(4)) res.Error("on-exit-timeout", "must be at least 4s");
   c.on_failure_hold = res.Duration("on-failure-hold", c.on_failure_hold);
   c.idle_timeout = res.Duration("idle-timeout", c.idle_timeout);
   res.Integer("idle-threshold", 1, 100, c.idle_threshold);

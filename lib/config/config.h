@@ -76,6 +76,7 @@ struct Config {
   std::chrono::milliseconds maintenance_stop_lead{0};
   std::chrono::milliseconds preemption_stop_lead{0};
   std::chrono::milliseconds preemption_window{30'000};
+  std::chrono::milliseconds on_exit_timeout{60'000};
   std::chrono::milliseconds on_failure_hold{0};
   std::chrono::milliseconds idle_timeout{0};
   int idle_threshold = 5;

@@ -1,16 +1,27 @@
 #include "config/config_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "common/strings.h"
 #include "config/keys.h"
+#include "output/utf8.h"
 
 namespace spotvisor {
 namespace {
+
+// A line as an error message quotes it: readable whatever its bytes, and
+// not all of a line that is one megabyte long.
+std::string Shown(std::string_view line) {
+  constexpr std::size_t kMax = 100;
+  if (line.size() <= kMax) return output::EscapeInvalidUtf8(line);
+  return output::EscapeInvalidUtf8(line.substr(0, output::Utf8SafePrefixLength(line, kMax))) + "...";
+}
 
 StatusOr<std::string> Unquote(std::string_view v, const std::string& where) {
   if (v.size() < 2 || v.back() != '"') {
@@ -40,6 +51,10 @@ StatusOr<std::string> Unquote(std::string_view v, const std::string& where) {
 }  // namespace
 
 StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const std::string& filename) {
+  // Editors on Windows save UTF-8 with a byte order mark; left in, it would
+  // make the first key unknown ("\xef\xbb\xbfcommand").
+  constexpr std::string_view kBom = "\xef\xbb\xbf";
+  if (StartsWith(text, kBom)) text.remove_prefix(kBom.size());
   std::vector<FileEntry> out;
   int n = 0;
   for (auto const& raw : SplitLines(text)) {
@@ -49,7 +64,7 @@ StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const st
     auto where = fmt::format("{}:{}", filename, n);
     auto eq = line.find('=');
     if (eq == std::string_view::npos) {
-      return InvalidArgumentError(fmt::format("{}: expected `key = value`, got \"{}\"", where, line));
+      return InvalidArgumentError(fmt::format("{}: expected `key = value`, got \"{}\"", where, Shown(line)));
     }
     std::string key(Trim(line.substr(0, eq)));
     auto value = Trim(line.substr(eq + 1));
@@ -66,11 +81,46 @@ StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const st
 }
 
 StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoToStatus(errno, "config file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseConfigText(ss.str(), path);
+  // open(2) and read(2), not an ifstream: an ifstream opens a directory
+  // without complaint and reads it as empty, and hides read errors the same way.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
+  if (fd < 0) return ErrnoToStatus(errno, "config file " + path);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return ErrnoToStatus(err, "config file " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return InvalidArgumentError(fmt::format("config file {}: {}, not a file", path,
+                                            S_ISDIR(st.st_mode) ? "is a directory" : "is a special file"));
+  }
+  if (st.st_size > kMaxConfigFileBytes) {
+    close(fd);
+    return InvalidArgumentError(fmt::format("config file {}: {} bytes is too large for a config file (at most {})", path,
+                                            st.st_size, kMaxConfigFileBytes));
+  }
+  std::string text;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      close(fd);
+      return ErrnoToStatus(err, "reading config file " + path);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > static_cast<std::size_t>(kMaxConfigFileBytes)) {
+      close(fd);
+      return InvalidArgumentError(fmt::format("config file {}: too large for a config file (at most {} bytes)", path,
+                                              kMaxConfigFileBytes));
+    }
+  }
+  close(fd);
+  return ParseConfigText(text, path);
 }
 
 std::string QuoteConfigValue(const std::string& value) {

@@ -17,8 +17,12 @@ struct FileEntry {
 // `key = value` lines; `#` starts a comment only at the start of a line (a
 // command may well contain '#'). A value may be double-quoted, with \n, \t,
 // \" and \\ escapes. Errors name the file and line.
+// A UTF-8 byte order mark at the start is skipped.
 StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const std::string& filename);
+// Only a regular file (a directory is an error, not an empty file), of at
+// most kMaxConfigFileBytes.
 StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path);
+inline constexpr long kMaxConfigFileBytes = 1 << 20;
 
 // A config file listing every key with its help as a comment: `# key = default`,
 // or `key = value` (quoted when needed) for the keys given in `set`. The image

@@ -5,6 +5,9 @@
 #include "config/config_file.h"
 #include "config/keys.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 
 namespace spotvisor {
@@ -245,5 +248,94 @@ TEST_CASE("mount keys: a daemonizing driver flag, rw on the dataset, a bucket-mo
   REQUIRE(r3.errors.size() == 1);
   CHECK(r3.errors[0].find("needs a gs:// bucket") != std::string::npos);
 }
+}  // namespace
+}  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("outside bytes in the configuration: errors, never exceptions", "[config][issue12]") {
+  auto in = Base();
+  SECTION("an argument after -- that is not UTF-8 is exec'ed byte for byte") {
+    // nlohmann's dump() threw type_error 316 on it: SIGABRT before anything started.
+    in.cli_command = {"./train", "--data=/data/caf\xe9", "${SPOTVISOR_RUN_ID}"};
+    auto r = ResolveConfig(in);
+    REQUIRE(r.errors.empty());
+    CHECK(r.config->argv == std::vector<std::string>{"./train", "--data=/data/caf\xe9", "vm-1"});
+    CHECK(r.values["command"].value == "[\"./train\",\"--data=/data/caf\xef\xbf\xbd\",\"${SPOTVISOR_RUN_ID}\"]");
+  }
+  SECTION("a 400-digit duration is a configuration error naming the key") {
+    in.instance_attributes["spotvisor-stop-timeout"] = std::string(400, '9') + "s";
+    auto r = ResolveConfig(in);
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].find("instance metadata spotvisor-stop-timeout: \"99999") == 0);
+    CHECK(r.errors[0].find("too long a duration") != std::string::npos);
+    CHECK(r.errors[0].size() < 300);
+  }
+  SECTION("values that are not UTF-8 are quoted escaped in errors") {
+    in.instance_attributes["spotvisor-on-exit"] = "stop\xff";
+    auto r = ResolveConfig(in);
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0] == "instance metadata spotvisor-on-exit: \"stop\\xff\" is not one of: poweroff, stop, delete, none");
+  }
+  SECTION("a long ${NAME} in exec form does not overflow the stack (std::regex recursed per byte)") {
+    in.instance_attributes["spotvisor-command"] = "[\"x\", \"${" + std::string(200'000, 'A') + "}\", \"${\", \"$}\", \"${1}\"]";
+    auto r = ResolveConfig(in);
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].find("is not defined in env") != std::string::npos);
+    in.instance_attributes["spotvisor-command"] = "[\"x\", \"${\", \"a${SPOTVISOR_RUN_ID}b${\", \"${1}\"]";
+    r = ResolveConfig(in);
+    REQUIRE(r.errors.empty());
+    CHECK(r.config->argv == std::vector<std::string>{"x", "${", "avm-1b${", "${1}"});
+  }
+  SECTION("a long run-id is rejected without std::regex") {
+    in.instance_attributes["spotvisor-run-id"] = std::string(1'000'000, 'a');
+    auto r = ResolveConfig(in);
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].find("is not a valid run id") != std::string::npos);
+  }
+}
+
+TEST_CASE("a file:// bucket inside checkpoint-dir is a configuration error", "[config][issue12]") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-checkpoint-dir"] = "/data/ckpt";
+  for (auto bucket : {"file:///data/ckpt", "file:///data/ckpt/", "file:///data/ckpt/store", "file:///data/x/../ckpt/s"}) {
+    INFO(bucket);
+    in.instance_attributes["spotvisor-bucket"] = bucket;
+    auto r = ResolveConfig(in);
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].find("instance metadata spotvisor-bucket: \"") == 0);
+    CHECK(r.errors[0].find("is inside checkpoint-dir /data/ckpt") != std::string::npos);
+  }
+  for (auto bucket : {"file:///data/ckpt2", "file:///data", "gs://bucket/data/ckpt"}) {
+    INFO(bucket);
+    in.instance_attributes["spotvisor-bucket"] = bucket;
+    CHECK(ResolveConfig(in).errors.empty());
+  }
+}
+
+TEST_CASE("config file: a BOM is skipped, a directory is an error, lines are quoted escaped", "[config][issue12]") {
+  auto r = ParseConfigText("\xef\xbb\xbf" "command = true\n", "f.conf");
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 1);
+  CHECK((*r)[0].key == "command");
+  // Only at the very start.
+  CHECK((*ParseConfigText("a = 1\n\xef\xbb\xbf" "b = 2\n", "f.conf"))[1].key == "\xef\xbb\xbf" "b");
+
+  char tmpl[] = "/tmp/spotvisor-conf-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  auto d = ReadConfigFile(dir);
+  REQUIRE_FALSE(d.ok());
+  CHECK(d.status().code() == StatusCode::kInvalidArgument);
+  CHECK(d.status().message() == "config file " + dir + ": is a directory, not a file");
+  CHECK(ReadConfigFile(dir + "/missing.conf").status().code() == StatusCode::kNotFound);
+  rmdir(dir.c_str());
+
+  auto bad = ParseConfigText("ok = 1\n\xff" + std::string(500, 'x') + "\n", "f.conf");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("f.conf:2: expected `key = value`, got \"\\xffxxx") == 0);
+  CHECK(bad.status().message().size() < 200);
+}
+
 }  // namespace
 }  // namespace spotvisor

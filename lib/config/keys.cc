@@ -39,6 +39,9 @@ const std::vector<KeySpec>& AllKeys() {
       {"preemption-stop-lead", "0s",
        "For VMs created with --preemption-notice-duration: on preemption, sync at once and stop the trainer this much "
        "later (0: right away)"},
+      {"on-exit-timeout", "60s",
+       "The whole on-exit budget: the action (API stop/delete or shutdown-command) gets half, then shutdown-command is "
+       "retried in the rest, then (daemon only) the VM is powered off by force"},
       {"preemption-window", "30s",
        "How long the cloud lets a preempted VM run after the power button (GCE Spot: 30s): the final sync must end "
        "3s before that"},

@@ -1,12 +1,29 @@
 #include "metadata/metadata_client.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/strings.h"
+#include "output/utf8.h"
+
 namespace spotvisor {
 namespace {
+
+std::string PercentEncode(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
 
 class MetadataClientImpl final : public MetadataClient {
  public:
@@ -20,22 +37,21 @@ class MetadataClientImpl final : public MetadataClient {
   StatusOr<MetadataValue> Watch(const std::string& path, const std::string& last_etag,
                                 std::chrono::seconds timeout) override {
     std::string query = fmt::format("wait_for_change=true&timeout_sec={}", timeout.count());
-    if (!last_etag.empty()) query += "&last_etag=" + last_etag;
+    // Escaped: an ETag is whatever the server sent, and one with a space or
+    // '&' in it would make every later URL malformed (the ETag only
+    // advances on success, so the watcher would never recover).
+    if (!last_etag.empty()) query += "&last_etag=" + PercentEncode(last_etag);
     return Fetch(path, query, LongPollHttpTimeout(timeout));
   }
 
   StatusOr<std::map<std::string, std::string>> GetAttributes(const std::string& dir) override {
     auto r = Fetch(dir, "recursive=true", std::chrono::milliseconds(10'000));
+    // Not every metadata server answers {} for a directory with nothing in
+    // it; some answer 404. The directory is still there to be asked about,
+    // so it is empty, not a missing key to stop for.
+    if (!r.ok() && r.status().code() == StatusCode::kNotFound) return std::map<std::string, std::string>{};
     if (!r.ok()) return r.status();
-    auto json = nlohmann::json::parse(r->value, nullptr, /*allow_exceptions=*/false);
-    if (!json.is_object()) {
-      return UnavailableError(fmt::format("metadata {}: expected a JSON object, got {:.80}", dir, r->value));
-    }
-    std::map<std::string, std::string> out;
-    for (auto const& [k, v] : json.items()) {
-      out[k] = v.is_string() ? v.get<std::string>() : v.dump();
-    }
-    return out;
+    return ParseAttributes(r->value, "metadata " + dir);
   }
 
   Status PutGuestAttribute(const std::string& ns_key, const std::string& value) override {
@@ -91,6 +107,58 @@ class MetadataClientImpl final : public MetadataClient {
 };
 
 }  // namespace
+
+StatusOr<std::map<std::string, std::string>> ParseAttributes(std::string_view body, const std::string& where) {
+  // A server that says it is the metadata server (Metadata-Flavor: Google)
+  // and answers something that is not a JSON object will answer the same
+  // again: retrying forever would hang the daemon after one log line, and
+  // reading it as "no attributes" would run the trainer without its
+  // configuration (no bucket: no checkpoint sync). So it is a permanent
+  // failure: the run ends with a configuration error that says why.
+  if (Trim(body).empty()) return std::map<std::string, std::string>{};
+  // nlohmann's parser is iterative but dump() recurses once per level.
+  if (JsonNestingDepth(body, kMaxAttributeDepth) > kMaxAttributeDepth) {
+    return FailedPreconditionError(fmt::format("{}: the answer nests JSON deeper than {} levels; not attributes", where,
+                                               kMaxAttributeDepth));
+  }
+  auto json = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) {
+    auto shown = body.substr(0, output::Utf8SafePrefixLength(body, 80));
+    return FailedPreconditionError(fmt::format("{}: expected a JSON object of attributes, got {}\"{}\"{}", where,
+                                               json.is_discarded() ? "malformed JSON " : "",
+                                               output::EscapeInvalidUtf8(shown), shown.size() < body.size() ? "..." : ""));
+  }
+  std::map<std::string, std::string> out;
+  for (auto const& [k, v] : json.items()) {
+    // Attribute values are strings; anything else is kept as its JSON text.
+    // `replace`: never throw on text, whatever it holds.
+    out[k] = v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  return out;
+}
+
+int JsonNestingDepth(std::string_view text, int limit) {
+  int depth = 0, max = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max = std::max(max, ++depth);
+      if (max > limit) return max;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max;
+}
 
 MetadataEndpoint MetadataEndpointFromEnv() {
   MetadataEndpoint e;

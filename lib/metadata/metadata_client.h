@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "http/http_client.h"
@@ -27,7 +28,9 @@ class MetadataClient {
   // value changes or after `timeout` with the unchanged value.
   virtual StatusOr<MetadataValue> Watch(const std::string& path, const std::string& last_etag,
                                         std::chrono::seconds timeout) = 0;
-  // Custom metadata of a directory such as "instance/attributes/".
+  // Custom metadata of a directory such as "instance/attributes/". A 404 or
+  // an empty answer is an empty directory; an answer that is not a JSON
+  // object is kFailedPrecondition (see ParseAttributes).
   virtual StatusOr<std::map<std::string, std::string>> GetAttributes(const std::string& dir) = 0;
   // PUT instance/guest-attributes/NAMESPACE/KEY: readable from outside the
   // VM with `gcloud compute instances get-guest-attributes`.
@@ -51,6 +54,16 @@ MetadataEndpoint MetadataEndpointFromEnv();
 // margin (guest agent: 60 s + 10 s), so a server that never answers is
 // noticed without cutting off one that answers on time.
 std::chrono::milliseconds LongPollHttpTimeout(std::chrono::seconds timeout);
+
+// The body of GET DIR?recursive=true, checked: never throws, whatever the
+// bytes. Non-string values are kept as their JSON text. `where` names the
+// directory in errors.
+StatusOr<std::map<std::string, std::string>> ParseAttributes(std::string_view body, const std::string& where);
+
+// The deepest nesting of [ and { outside JSON strings, counting stopped once
+// past `limit`: a check to make before nlohmann's recursive dump().
+int JsonNestingDepth(std::string_view text, int limit);
+inline constexpr int kMaxAttributeDepth = 32;
 
 std::unique_ptr<MetadataClient> MakeMetadataClient(MetadataEndpoint endpoint,
                                                    std::unique_ptr<HttpClient> http);

@@ -1,5 +1,7 @@
 #include "metadata/watcher.h"
 
+#include <fmt/format.h>
+
 namespace spotvisor {
 
 MetadataWatcher::MetadataWatcher(std::unique_ptr<MetadataClient> client, std::string path,
@@ -27,13 +29,22 @@ void MetadataWatcher::Run() {
     auto r = client_->Watch(path_, current_.etag, options_.timeout_sec);
     if (sleeper_.cancelled()) return;
     if (r.ok()) {
-      if (failures > 0 && callbacks_.on_recovered) callbacks_.on_recovered(failures);
-      failures = 0;
-      options_.backoff->Reset();
       bool changed = r->value != current_.value;
+      bool has_etag = !r->etag.empty();
       current_ = *std::move(r);
       if (changed && callbacks_.on_change) callbacks_.on_change(current_.value);
-      continue;
+      if (has_etag) {
+        if (failures > 0 && callbacks_.on_recovered) callbacks_.on_recovered(failures);
+        failures = 0;
+        options_.backoff->Reset();
+        continue;
+      }
+      // Without an ETag the next request cannot wait for a change: the
+      // server answers at once, and an unpaced loop would spin a core and
+      // flood it. Poll with the backoff instead, as a failure streak.
+      r = UnavailableError(fmt::format("metadata {}: answer without an ETag; polling with backoff instead of waiting for "
+                                       "changes",
+                                       path_));
     }
     // Never give up, not even on 404: a key can be defined later, and a
     // watcher that stops would silently miss the preemption it exists for.

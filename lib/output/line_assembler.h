@@ -1,7 +1,10 @@
 // Turns a trainer's raw stdout or stderr bytes into log lines. Chunks arrive
 // with arbitrary boundaries, so a line, a UTF-8 sequence or a "\r\n" pair may
-// be split across calls; given the same arrival times, where the splits fall
-// never changes the result.
+// be split across calls; given the same arrival times, and a Tick whenever
+// NextDeadline() passes (as the owner's timer does), where the splits fall
+// never changes the result. Without that Tick, a chunk arriving after the
+// deadline lets the waiting update out or supersedes it depending on whether
+// a newer update ends inside the same Feed (fuzzing found this: fuzz/).
 //
 // Progress bars (tqdm and friends) redraw one line with '\r' many times a
 // second. Logging every redraw would flood the logs, so redraws are collapsed:

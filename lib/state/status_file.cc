@@ -4,10 +4,149 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 namespace spotvisor {
+namespace {
+
+using Json = nlohmann::json;
+
+// How deep status.json nests (3 levels); anything much deeper is not ours,
+// and nlohmann's dump() and == recurse once per level.
+constexpr int kMaxDepth = 16;
+
+// The deepest nesting of [ and { outside strings; stops counting past limit.
+int JsonDepth(std::string_view text, int limit) {
+  int depth = 0, max = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      max = std::max(max, ++depth);
+      if (max > limit) return max;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max;
+}
+
+enum class Kind { kString, kInt, kBool, kObject };
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kString: return "a string";
+    case Kind::kInt: return "a whole number";
+    case Kind::kBool: return "true or false";
+    case Kind::kObject: return "an object";
+  }
+  return "?";
+}
+
+std::string TypeName(const Json& v) {
+  if (v.is_number_integer()) return "a whole number";
+  if (v.is_number_float()) return "a fraction";
+  if (v.is_null()) return "null";
+  std::string t = v.type_name();
+  return (t == "object" || t == "array" ? "an " : "a ") + t;
+}
+
+bool Fits(const Json& v, Kind k, long long lo, long long hi) {
+  switch (k) {
+    case Kind::kString: return v.is_string();
+    case Kind::kBool: return v.is_boolean();
+    case Kind::kObject: return v.is_object();
+    case Kind::kInt:
+      if (v.is_number_unsigned()) return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
+      return v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+  }
+  return false;
+}
+
+struct Field {
+  const char* name;
+  Kind kind;
+  bool nullable = false;
+  long long lo = LLONG_MIN, hi = LLONG_MAX;
+};
+
+Status CheckFields(const Json& j, std::initializer_list<Field> fields, const std::string& where) {
+  for (auto const& f : fields) {
+    auto it = j.find(f.name);
+    if (it == j.end() || (f.nullable && it->is_null()) || Fits(*it, f.kind, f.lo, f.hi)) continue;
+    std::string range = f.kind == Kind::kInt && f.lo != LLONG_MIN ? fmt::format(" from {} to {}", f.lo, f.hi) : "";
+    return FailedPreconditionError(fmt::format("{}: \"{}\" is {}, expected {}{}{}; the file was not written by this spotvisor "
+                                               "(or was damaged)",
+                                               where, f.name, TypeName(*it), KindName(f.kind), range,
+                                               f.nullable ? " or null" : ""));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) {
+    return FailedPreconditionError(fmt::format("{}: expected a JSON object, got {}", where, TypeName(j)));
+  }
+  // The fields `spotvisor status`, `sync` and `release` read, with the types
+  // the supervisor writes (Supervisor::WriteStatus).
+  auto s = CheckFields(j,
+                       {{"run_id", Kind::kString},
+                        {"mode", Kind::kString},
+                        {"phase", Kind::kString},
+                        {"since", Kind::kString},
+                        {"deadline", Kind::kString},
+                        {"reason", Kind::kString},
+                        {"bucket", Kind::kString},
+                        {"spotvisor_pid", Kind::kInt, false, 1, INT_MAX},
+                        {"trainer_pid", Kind::kInt, true, 1, INT_MAX},
+                        {"exit_code", Kind::kInt, false, INT_MIN, INT_MAX},
+                        {"last_event", Kind::kObject},
+                        {"last_sync", Kind::kObject, true}},
+                       where);
+  if (!s.ok()) return s;
+  if (auto e = j.find("last_event"); e != j.end()) {
+    s = CheckFields(*e, {{"event", Kind::kString}, {"message", Kind::kString}, {"time", Kind::kString}},
+                    where + " last_event");
+    if (!s.ok()) return s;
+  }
+  if (auto ls = j.find("last_sync"); ls != j.end() && !ls->is_null()) {
+    s = CheckFields(*ls,
+                    {{"kind", Kind::kString},
+                     {"ok", Kind::kBool},
+                     {"deferred", Kind::kBool},
+                     {"reason", Kind::kString},
+                     {"error", Kind::kString},
+                     {"time", Kind::kString},
+                     {"sequence", Kind::kInt, false, 0, LLONG_MAX},
+                     {"files_uploaded", Kind::kInt, false, 0, INT_MAX},
+                     {"bytes", Kind::kInt, false, 0, LLONG_MAX}},
+                    where + " last_sync");
+    if (!s.ok()) return s;
+  }
+  return OkStatus();
+}
+
+StatusOr<nlohmann::json> ParseStatusJson(std::string_view text, const std::string& where) {
+  if (JsonDepth(text, kMaxDepth) > kMaxDepth) {
+    return FailedPreconditionError(fmt::format("{}: nested deeper than {} levels; not a status file", where, kMaxDepth));
+  }
+  auto j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return FailedPreconditionError(where + ": not valid JSON");
+  if (auto s = ValidateStatusJson(j, where); !s.ok()) return s;
+  return j;
+}
 
 std::string StatusFilePath(const std::string& state_dir) { return state_dir + "/status.json"; }
 
@@ -41,7 +180,10 @@ Status WriteFileAtomically(const std::string& path, const std::string& contents,
 }
 
 Status WriteStatusFile(const std::string& state_dir, const nlohmann::json& status) {
-  return WriteFileAtomically(StatusFilePath(state_dir), status.dump(2) + "\n", /*durable=*/false);
+  // `replace`: a value that is not UTF-8 (a command, an error quoting a file
+  // name) is written with U+FFFD instead of throwing in the supervisor.
+  return WriteFileAtomically(StatusFilePath(state_dir), status.dump(2, ' ', false, Json::error_handler_t::replace) + "\n",
+                             /*durable=*/false);
 }
 
 StatusOr<nlohmann::json> ReadStatusFile(const std::string& state_dir) {
@@ -50,9 +192,8 @@ StatusOr<nlohmann::json> ReadStatusFile(const std::string& state_dir) {
   if (!in) return ErrnoToStatus(errno, path);
   std::stringstream ss;
   ss << in.rdbuf();
-  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded()) return InternalError(path + ": not valid JSON");
-  return j;
+  if (in.bad()) return ErrnoToStatus(errno, "reading " + path);
+  return ParseStatusJson(ss.str(), path);
 }
 
 }  // namespace spotvisor

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -16,7 +17,14 @@ namespace spotvisor {
 // fsync, for data that must survive a power cut (not needed for status).
 Status WriteFileAtomically(const std::string& path, const std::string& contents, bool durable = true);
 Status WriteStatusFile(const std::string& state_dir, const nlohmann::json& status);
+// The file as written by WriteStatusFile: a JSON object whose known fields
+// have the types the supervisor writes (checked, so that readers may use
+// nlohmann's value() and get<>(), which throw on a wrong type). Anything else
+// is kFailedPrecondition naming the file and the field.
 StatusOr<nlohmann::json> ReadStatusFile(const std::string& state_dir);
+// The same checks on text / a parsed value; `where` names it in errors.
+StatusOr<nlohmann::json> ParseStatusJson(std::string_view text, const std::string& where);
+Status ValidateStatusJson(const nlohmann::json& j, const std::string& where);
 std::string StatusFilePath(const std::string& state_dir);
 
 }  // namespace spotvisor

@@ -1,8 +1,12 @@
 """Bad configuration is caught before anything starts: exit 78, the error names source, key and problem."""
+import http.server
+import json
 import os
+import subprocess
+import threading
 import unittest
 
-from harness import SpotvisorTestCase, FAKE_TRAINER
+from harness import SpotvisorTestCase, FAKE_TRAINER, SPOTVISOR
 
 
 class ConfigErrorTest(SpotvisorTestCase):
@@ -123,6 +127,119 @@ class ConfigCommandTest(SpotvisorTestCase):
                              capture_output=True, text=True, env=env)
         self.assertEqual(bad.returncode, 78)
         self.assertIn('error: --set stop-timeout: "20 sec" is not a duration', bad.stderr)
+
+class OutsideBytesTest(SpotvisorTestCase):
+    """Issue #12: bytes from outside (arguments, files, the metadata server) end in a clear error, never SIGABRT."""
+
+    run_config_error = ConfigErrorTest.run_config_error
+
+    def test_config_naming_a_directory_is_an_error(self):
+        os.mkdir(self.path("conf.d"))
+        errors, _ = self.run_config_error(config=self.path("conf.d"))
+        self.assertEqual(errors, [f"config file {self.path('conf.d')}: is a directory, not a file"])
+
+    def test_a_byte_order_mark_does_not_hide_the_first_key(self):
+        conf = self.path("bom.conf")
+        with open(conf, "wb") as f:
+            f.write(b"\xef\xbb\xbfkill-timeout = forever\n")
+        errors, _ = self.run_config_error(config=conf)
+        self.assertEqual(errors, [f'{conf}:1 kill-timeout: "forever" is not a duration (try 20s, 15m or 1h30m)'])
+
+    def test_a_400_digit_duration_is_a_config_error(self):
+        errors, _ = self.run_config_error(args=["--set", "stop-timeout=" + "9" * 400 + "s"])
+        self.assertEqual(len(errors), 1)
+        self.assertTrue(errors[0].startswith('--set stop-timeout: "9999'), errors)
+        self.assertIn("too long a duration", errors[0])
+
+    def test_a_file_bucket_inside_checkpoint_dir_is_a_config_error(self):
+        ckpt = self.path("ckpt")
+        errors, _ = self.run_config_error(args=["--set", f"bucket=file://{ckpt}/store"])
+        self.assertEqual(errors, [f'--set bucket: "file://{ckpt}/store" is inside checkpoint-dir {ckpt}: the store would be '
+                                  "synced into itself; keep the file:// store outside checkpoint-dir"])
+
+    def test_an_argument_that_is_not_utf8_is_passed_byte_for_byte(self):
+        marker = os.fsencode(self.path("marker")) + b"-caf\xe9"
+        p = self.start(["run"] + self.base_sets() + ["--", FAKE_TRAINER, "--run-for", "0", "--marker-file", marker])
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw) + p.stderr)
+        self.assertTrue(os.path.exists(marker))
+
+    def test_a_config_value_that_is_not_utf8_is_a_clear_error(self):
+        conf = self.path("latin1.conf")
+        with open(conf, "wb") as f:
+            f.write(b"on-exit = arr\xeat\n")
+        errors, _ = self.run_config_error(config=conf)
+        self.assertEqual(errors, [f'{conf}:1 on-exit: "arr\\xeat" is not one of: poweroff, stop, delete, none'])
+
+    def test_status_json_with_wrong_types_is_a_clear_error(self):
+        state = self.path("state")
+        os.mkdir(state)
+        with open(os.path.join(state, "status.json"), "w") as f:
+            json.dump({"phase": "running", "spotvisor_pid": "x"}, f)
+        for cmd in (["status"], ["status", "--json"], ["sync", "--timeout", "1s"], ["release"]):
+            out = subprocess.run([SPOTVISOR] + cmd + ["--state-dir", state], capture_output=True, text=True)
+            self.assertEqual(out.returncode, 4, (cmd, out.stderr))
+            self.assertIn('status.json: "spotvisor_pid" is a string, expected a whole number', out.stderr)
+
+
+class _BrokenMetadata(http.server.BaseHTTPRequestHandler):
+    """A metadata server whose instance/attributes/ answer is set per test."""
+    attributes = (200, b"{}")
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path == "/computeMetadata/v1/instance/attributes/":
+            code, body = self.attributes
+        elif path == "/computeMetadata/v1/project/attributes/":
+            code, body = 200, b"{}"
+        elif path == "/computeMetadata/v1/instance/name":
+            code, body = 200, b"broken-vm"
+        else:
+            code, body = 404, b"not found"
+        self.send_response(code)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("ETag", "e1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_PUT(self):
+        self.send_response(404)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class BrokenMetadataServerTest(SpotvisorTestCase):
+    def serve(self, code, body):
+        handler = type("Handler", (_BrokenMetadata,), {"attributes": (code, body)})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        return {"GCE_METADATA_HOST": f"127.0.0.1:{server.server_address[1]}"}
+
+    def test_malformed_attribute_json_ends_the_run_with_a_clear_error(self):
+        env = self.serve(200, b'{"spotvisor-command": "tr\xffue"')
+        conf = self.write_config(f"shutdown-command = true\nstate-dir = {self.path('state')}\nlog-to = stdout\n")
+        # Before: `daemon` retried it forever after one log line, `run` ran without metadata.
+        for args in (["run"] + self.base_sets(**{"log-to": "stdout"}), ["daemon", "--config", conf]):
+            p = self.start(args, env=env)
+            self.assertEqual(p.wait_exit(), 78, "".join(p.raw))
+            errors = [e["message"] for e in p.find("config.error")]
+            self.assertEqual(len(errors), 1, errors)
+            self.assertTrue(errors[0].startswith("metadata server: metadata instance/attributes/: expected a JSON object of "
+                                                 'attributes, got malformed JSON "{"spotvisor-command": "tr\\xffue""'),
+                            errors)
+
+    def test_attributes_answered_with_404_are_no_attributes(self):
+        env = self.serve(404, b"not found")
+        p = self.start(["run"] + self.base_sets(**{"log-to": "stdout"}) + ["--", FAKE_TRAINER, "--run-for", "0",
+                                                                            "--marker-file", self.path("marker")], env=env)
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw) + p.stderr)
+        self.assertTrue(os.path.exists(self.path("marker")))
 
 
 if __name__ == "__main__":
