@@ -19,6 +19,7 @@
 #include "config/keys.h"
 #include "storage/file_object_store.h"
 #include "storage/gcs_object_store.h"
+#include "common/worker_pool.h"
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
 #include "log/journald_sink.h"
@@ -341,6 +342,10 @@ void PrepareHost(ConfigResult& r, Mode mode) {
 }
 
 int RunEngine(const EngineOptions& options) {
+  // tini's model: every thread spotvisor starts (log sinks, watchers, the
+  // worker pool) inherits a mask with every signal blocked; only this
+  // thread takes them, inside io.run(), through the signal_set below.
+  BlockSignalsInThisThread();
   SystemClock clock;
   Logger logger(clock);
   SetUpLogging(logger, options.log_format);
@@ -350,12 +355,15 @@ int RunEngine(const EngineOptions& options) {
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGCHLD);
   signals.add(SIGUSR1);  // `spotvisor sync`: sync checkpoints now
   signals.add(SIGUSR2);  // `spotvisor release`: end an on-failure-hold
+  signals.add(SIGHUP);   // the terminal went away: stop the run, as SIGTERM
+  signals.add(SIGQUIT);  // stop now: as a second SIGTERM (the ladder escalates)
+  const std::vector<int> handled = {SIGINT, SIGTERM, SIGCHLD, SIGUSR1, SIGUSR2, SIGHUP, SIGQUIT};
 
   CancellableSleeper sleeper;
   auto metadata_client = NewMetadataClient(options.mode);
   std::optional<StatusOr<MetadataSnapshot>> loaded;
   int stop_signal = 0;
-  std::thread bootstrap([&] {
+  std::thread bootstrap = StartSignalFreeThread([&] {
     auto m = LoadMetadata(*metadata_client, MetadataRequired(options.mode), logger, sleeper);
     asio::post(io, [&, m = std::move(m)]() mutable {
       loaded = std::move(m);
@@ -373,7 +381,10 @@ int RunEngine(const EngineOptions& options) {
     metadata_client->Cancel();
   };
   signals.async_wait(on_signal);
-  io.run();
+  {
+    SignalWindow window(handled);
+    io.run();
+  }
   bootstrap.join();
   io.restart();
 
@@ -518,7 +529,10 @@ int RunEngine(const EngineOptions& options) {
   }
   supervisor.Start();
   for (auto& w : watchers) w->Start();
-  io.run();
+  {
+    SignalWindow window(handled);
+    io.run();
+  }
   for (auto& w : watchers) w->Stop();
   // Whatever the on-exit action, the run's last lines are delivered before
   // spotvisor exits, within a deadline: short when the VM is going down (a

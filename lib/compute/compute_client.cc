@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "output/utf8.h"
 #include "retry/retry_loop.h"
 #include "storage/gcs_object_store.h"
 
@@ -15,8 +16,12 @@ class ComputeClientImpl final : public ComputeClient {
       : endpoint_(std::move(endpoint)), i_(std::move(instance)), tokens_(std::move(tokens)), sleeper_(sleeper),
         http_(MakeCurlHttpClient()) {}
 
-  Status StopInstance() override { return Call("POST", InstanceUrl() + "/stop", "stop", "compute.instances.stop"); }
-  Status DeleteInstance() override { return Call("DELETE", InstanceUrl(), "delete", "compute.instances.delete"); }
+  Status StopInstance(const CallContext& ctx) override {
+    return Call("POST", InstanceUrl() + "/stop", "stop", "compute.instances.stop", ctx);
+  }
+  Status DeleteInstance(const CallContext& ctx) override {
+    return Call("DELETE", InstanceUrl(), "delete", "compute.instances.delete", ctx);
+  }
 
  private:
   std::string InstanceUrl() const {
@@ -27,16 +32,39 @@ class ComputeClientImpl final : public ComputeClient {
   // Stop and delete are idempotent (a second request finds the operation
   // under way or the VM gone), so transient failures are retried, briefly:
   // if the API stays unreachable the caller powers off instead.
-  Status Call(const std::string& method, const std::string& url, const char* verb, const char* permission) {
+  Status Call(const std::string& method, const std::string& url, const char* verb, const char* permission,
+              const CallContext& ctx) {
     LimitedErrorCountRetryPolicy retry(3);
     ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(4), 2.0);
-    return RetryLoop(retry, backoff, sleeper_, [&]() -> Status {
+    // Waits end at the deadline or on cancellation, as do requests.
+    struct Bounded final : Sleeper {
+      Bounded(const CallContext& c, Sleeper& s) : ctx(c), inner(s) {}
+      bool SleepFor(std::chrono::milliseconds d) override {
+        if (ctx.cancelled() || (ctx.deadline && ctx.Remaining(d) < d)) return false;
+        return inner.SleepFor(d) && !ctx.cancelled();
+      }
+      const CallContext& ctx;
+      Sleeper& inner;
+    } sleeper(ctx, sleeper_);
+    std::uint64_t sub = 0;
+    if (ctx.cancel) sub = ctx.cancel->Subscribe([this] { http_->Cancel(); });
+    struct Unsub {
+      const CallContext& ctx;
+      std::uint64_t id;
+      ~Unsub() {
+        if (ctx.cancel) ctx.cancel->Unsubscribe(id);
+      }
+    } unsub{ctx, sub};
+    return RetryLoop(retry, backoff, sleeper, [&]() -> Status {
+      if (auto s = ctx.Check(fmt::format("{} instance {}", verb, i_.name)); !s.ok()) return s;
       auto auth = tokens_->AuthorizationHeader();
       if (!auth.ok()) return auth.status();
       HttpRequest req;
       req.method = method;
       req.url = url;
-      req.timeout = std::chrono::seconds(30);
+      req.timeout = ctx.Remaining(std::chrono::seconds(30));
+      if (req.timeout.count() <= 0) return DeadlineExceededError(fmt::format("{} instance {}: out of time", verb, i_.name));
+      req.connect_timeout = std::min(req.connect_timeout, req.timeout);
       if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
       if (method == "POST") req.headers.emplace_back("Content-Type", "application/json");
       auto r = http_->Perform(req);
@@ -45,7 +73,10 @@ class ComputeClientImpl final : public ComputeClient {
       if (r->status == 200) return OkStatus();
       std::string server;
       auto j = nlohmann::json::parse(r->body, nullptr, false);
-      if (j.is_object() && j.contains("error") && j["error"].is_object()) server = j["error"].value("message", "");
+      if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+          j["error"]["message"].is_string()) {
+        server = output::EscapeInvalidUtf8(j["error"]["message"].get<std::string>());
+      }
       switch (r->status) {
         case 401:
         case 403:

@@ -2,6 +2,8 @@
 // its own service account's token: what on-exit = stop | delete does.
 #pragma once
 
+#include "common/cancel.h"
+
 #include <memory>
 #include <string>
 
@@ -22,9 +24,11 @@ class ComputeClient {
  public:
   virtual ~ComputeClient() = default;
   // POST .../instances/NAME/stop (the disks stay; the VM can be started again).
-  virtual Status StopInstance() = 0;
+  // Both honour ctx: each request's timeout is clamped to its deadline and
+  // cut short on cancellation, and so is every retry wait.
+  virtual Status StopInstance(const CallContext& ctx) = 0;
   // DELETE .../instances/NAME (also ends the billing of its boot disk).
-  virtual Status DeleteInstance() = 0;
+  virtual Status DeleteInstance(const CallContext& ctx) = 0;
 };
 
 // `endpoint` defaults to https://compute.googleapis.com/compute/v1; request

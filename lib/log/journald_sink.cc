@@ -40,7 +40,7 @@ class JournaldSink final : public LogSink {
         "SPOTVISOR_EVENT=" + e.event,
     };
     for (auto const& [k, v] : e.fields.items()) {
-      fields.push_back(FieldName("SPOTVISOR_", k) + "=" + (v.is_string() ? v.get<std::string>() : v.dump()));
+      fields.push_back(FieldName("SPOTVISOR_", k) + "=" + (v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
     }
     for (auto const& [k, v] : labels) fields.push_back(FieldName("SPOTVISOR_LABEL_", k) + "=" + v);
     std::vector<iovec> iov;

@@ -393,7 +393,7 @@ class GcsObjectStore final : public ObjectStore {
     } while (data.find(boundary) != std::string::npos);
     std::string body = fmt::format("--{}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{}\r\n--{}\r\n"
                                    "Content-Type: application/octet-stream\r\n\r\n",
-                                   boundary, meta.dump(), boundary);
+                                   boundary, meta.dump(-1, ' ', false, Json::error_handler_t::replace), boundary);
     body += data;
     body += fmt::format("\r\n--{}--\r\n", boundary);
     auto req = Request("POST", fmt::format("{}/upload/storage/v1/b/{}/o?uploadType=multipart{}", o_.endpoint, o_.bucket,
@@ -425,7 +425,7 @@ class GcsObjectStore final : public ObjectStore {
                                              Query(pre, '&')));
       req.headers = {{"Content-Type", "application/json; charset=UTF-8"},
                      {"X-Upload-Content-Length", std::to_string(size)}};
-      req.body = Json{{"name", FullName(name)}}.dump();
+      req.body = Json{{"name", FullName(name)}}.dump(-1, ' ', false, Json::error_handler_t::replace);
       auto r = Perform(std::move(req), ctx);
       if (!r.ok()) return r.status();
       if (r->status != 200 && r->status != 201) return HttpError(*r, "starting upload of " + Url(name), BucketUrl());

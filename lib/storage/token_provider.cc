@@ -1,5 +1,8 @@
 #include "storage/token_provider.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 namespace spotvisor {
@@ -30,7 +33,14 @@ StatusOr<std::string> MetadataTokenProvider::AuthorizationHeader() {
   if (!j.is_object() || !j.contains("access_token") || !j["access_token"].is_string()) {
     return UnavailableError("metadata token response is not the expected JSON");
   }
-  auto expires = std::chrono::seconds(j.value("expires_in", 300));
+  // expires_in: seconds, a number; anything else (a string, out of range) means the usual 300.
+  std::int64_t expires_in = 300;
+  if (auto e = j.find("expires_in"); e != j.end() && e->is_number_integer()) {
+    expires_in = std::clamp<std::int64_t>(e->get<std::int64_t>(), 0, 24 * 3600);
+  } else if (e != j.end() && e->is_number_unsigned()) {
+    expires_in = std::min<std::uint64_t>(e->get<std::uint64_t>(), 24 * 3600);
+  }
+  auto expires = std::chrono::seconds(expires_in);
   // Refresh five minutes early (or half-way, for short-lived tokens).
   refresh_at_ = now + std::max(expires - std::chrono::seconds(300), expires / 2);
   header_ = "Bearer " + j["access_token"].get<std::string>();

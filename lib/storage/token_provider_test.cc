@@ -20,6 +20,7 @@ class TokenMetadata final : public MetadataClient {
   StatusOr<MetadataValue> Get(const std::string& path) override {
     paths.push_back(path);
     if (fail) return UnavailableError("503");
+    if (!raw.empty()) return MetadataValue{raw, ""};
     return MetadataValue{R"({"access_token":"t)" + std::to_string(paths.size()) + R"(","expires_in":)" +
                              std::to_string(expires_in) + R"(,"token_type":"Bearer"})",
                          ""};
@@ -34,6 +35,7 @@ class TokenMetadata final : public MetadataClient {
   std::vector<std::string> paths;
   int expires_in = 3599;
   bool fail = false;
+  std::string raw;  // when set, the answer as is
 };
 
 TEST_CASE("the token is cached, and refreshed five minutes before it expires") {
@@ -56,6 +58,19 @@ TEST_CASE("a failure to get a token is an error, not an empty token") {
   md->fail = true;
   MetadataTokenProvider tokens(std::move(md), clock);
   CHECK(tokens.AuthorizationHeader().status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("a token answer with a wrongly typed or huge expires_in is not a crash") {
+  FakeClock clock;
+  for (auto raw : {R"({"access_token":"a","expires_in":"3599"})", R"({"access_token":"a","expires_in":1e400})",
+                   R"({"access_token":"a","expires_in":-5})", R"({"access_token":"a","expires_in":18446744073709551615})"}) {
+    INFO(raw);
+    auto m = std::make_unique<TokenMetadata>();
+    m->raw = raw;
+    MetadataTokenProvider p(std::move(m), clock);
+    auto h = p.AuthorizationHeader();
+    if (h.ok()) CHECK(*h == "Bearer a");  // 1e400 is not JSON at all: an error, also fine
+  }
 }
 
 }  // namespace

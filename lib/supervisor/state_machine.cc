@@ -54,6 +54,7 @@ const char* PhaseName(Phase p) {
     case Phase::kSyncing: return "syncing";
     case Phase::kHolding: return "holding";
     case Phase::kFinishing: return "finishing";
+    case Phase::kPoweringOff: return "powering-off";
     case Phase::kDone: return "done";
   }
   return "?";
@@ -208,7 +209,10 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
               // watcher: it is still a preemption.
               reason_ = EndReason::kPreempted;
             }
-            if ((phase_ == Phase::kRestoring || phase_ == Phase::kMounting) && !reason_) reason_ = EndReason::kPreempted;
+            if ((phase_ == Phase::kRestoring || phase_ == Phase::kMounting) && !reason_) {
+              reason_ = EndReason::kPreempted;
+              CutShortBeforeTrainer(now, out);
+            }
             if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kPreempted, now, out);
           },
           [&](const MaintenanceNotice& e) {
@@ -252,6 +256,15 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
               case Phase::kMounting:
                 reason_ = EndReason::kStopped;
                 exit_code_ = 128 + e.signo;
+                // Downloads and mounts can take many minutes: a stop must not.
+                CutShortBeforeTrainer(now, out);
+                break;
+              case Phase::kSyncing:
+                if (!first) {
+                  Log(Severity::kWarning, "sync.cancelled", "asked again to stop: the final sync ends now",
+                      {{"signal", SignalName(e.signo)}});
+                  out.push_back(CancelFinalSync{});
+                }
                 break;
               case Phase::kRestarting:
                 StopFromIdle(EndReason::kStopped, now, out);
@@ -276,6 +289,7 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 Teardown(now, out, false);
                 break;
               case Phase::kFinishing:
+              case Phase::kPoweringOff:
                 // The system is going down (likely because we asked it to).
                 phase_ = Phase::kDone;
                 deadline_.reset();
@@ -312,10 +326,15 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
             Finish(now, out);
           },
           [&](const OnExitDone& e) {
-            if (phase_ != Phase::kFinishing) return;
+            if (phase_ != Phase::kFinishing && phase_ != Phase::kPoweringOff) return;
             Log(e.exit_code == 0 ? Severity::kInfo : Severity::kError, "shutdown.done",
-                e.exit_code == 0 ? "shutdown command finished" : fmt::format("shutdown command failed with exit code {}", e.exit_code),
+                e.exit_code == 0 ? "on-exit finished" : fmt::format("on-exit failed (exit code {})", e.exit_code),
                 {{"exit_code", e.exit_code}});
+            if (e.exit_code != 0) {
+              // Never leave the VM running by accident.
+              PowerOff(now, "on-exit failed", out);
+              return;
+            }
             EnterPhase(Phase::kDone, now, std::nullopt, "on-exit done");
             out.push_back(ExitProcess{exit_code_});
           },
@@ -395,9 +414,11 @@ std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
                 Finish(now, out);
                 break;
               case Phase::kFinishing:
-                Log(Severity::kError, "shutdown.timeout", "shutdown command did not finish in time");
-                EnterPhase(Phase::kDone, now, std::nullopt, "on-exit timed out");
-                out.push_back(ExitProcess{exit_code_});
+              case Phase::kPoweringOff:
+                Log(Severity::kError, "shutdown.timeout",
+                    phase_ == Phase::kFinishing ? "on-exit did not finish in time" : "shutdown-command did not finish in time");
+                out.push_back(CancelOnExit{});
+                PowerOff(now, "on-exit did not finish in time", out);
                 break;
               default: break;
             }
@@ -551,6 +572,18 @@ void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
   BeginFinalSync(clean, now, clean ? "final sync, then the DONE marker" : "final sync of the trainer's last checkpoint", out);
 }
 
+// Stopped or preempted before the trainer started: nothing there is worth
+// waiting for. The mounting phase gets a short deadline to unwind.
+void StateMachine::CutShortBeforeTrainer(SteadyTime now, std::vector<Action>& out) {
+  if (phase_ == Phase::kRestoring) {
+    out.push_back(CancelRestore{});
+  } else if (phase_ == Phase::kMounting && !mount_cancelled_) {
+    mount_cancelled_ = true;
+    out.push_back(CancelMounts{});
+    EnterPhase(Phase::kMounting, now, std::chrono::milliseconds(10'000), "cancelling the mounts: the run is ending");
+  }
+}
+
 void StateMachine::BeginFinalSync(bool write_done, SteadyTime now, const std::string& why, std::vector<Action>& out) {
   auto budget = options_.final_sync_timeout;
   bool urgent = false;
@@ -632,6 +665,7 @@ bool StateMachine::Ending() const {
     case Phase::kStopping:
     case Phase::kUnmounting:
     case Phase::kFinishing:
+    case Phase::kPoweringOff:
     case Phase::kDone: return true;
     case Phase::kDraining:
     case Phase::kSyncing: {
@@ -658,8 +692,36 @@ void StateMachine::AfterTeardown(SteadyTime now, std::vector<Action>& out) {
     return;
   }
   on_exit_started_ = true;
-  EnterPhase(Phase::kFinishing, now, options_.on_exit_timeout, "running on-exit");
+  on_exit_deadline_ = now + options_.on_exit_timeout;
+  // Half the budget for the action itself (an API that never answers must
+  // not eat it all): the rest is for powering off.
+  EnterPhase(Phase::kFinishing, now, options_.on_exit_timeout / 2, "running on-exit");
   out.push_back(RunOnExit{});
+}
+
+// The on-exit ladder's last rungs: shutdown-command, retried while the
+// budget lasts, then reboot(2). Each attempt gets an equal share of what is
+// left; the last second is kept for the forced power-off.
+void StateMachine::PowerOff(SteadyTime now, const std::string& why, std::vector<Action>& out) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(on_exit_deadline_ - now) - std::chrono::seconds(1);
+  int remaining = options_.poweroff_attempts - poweroff_attempts_;
+  if (remaining <= 0 || left.count() <= 0) {
+    Log(Severity::kCritical, "shutdown.forced",
+        fmt::format("{}, and shutdown-command did not power the VM off ({} attempt(s)): powering off by force",
+                    why, poweroff_attempts_),
+        {{"attempts", poweroff_attempts_}});
+    out.push_back(ForcePoweroff{});
+    EnterPhase(Phase::kDone, now, std::nullopt, "powered off by force");
+    out.push_back(ExitProcess{exit_code_});
+    return;
+  }
+  ++poweroff_attempts_;
+  auto share = left / remaining;
+  Log(Severity::kError, "shutdown.poweroff",
+      fmt::format("{}: powering off with shutdown-command (attempt {} of {})", why, poweroff_attempts_, options_.poweroff_attempts),
+      {{"attempt", poweroff_attempts_}});
+  out.push_back(RunPoweroff{poweroff_attempts_});
+  EnterPhase(Phase::kPoweringOff, now, share, fmt::format("shutdown-command, attempt {}", poweroff_attempts_));
 }
 
 void StateMachine::AfterMounts(SteadyTime now, std::vector<Action>& out) {

@@ -28,7 +28,8 @@ enum class Phase {
   kSyncing,    // final checkpoint sync (and DONE after a success)
   kHolding,    // on-failure-hold: a failed run keeps the VM up for debugging
   kUnmounting, // undoing the mounts, in reverse order, before on-exit
-  kFinishing,  // on-exit action
+  kFinishing,  // on-exit action (the Compute API, or the shutdown command)
+  kPoweringOff,  // on-exit failed or hung: the shutdown command, retried; then by force
   kDone,
 };
 const char* PhaseName(Phase p);
@@ -93,12 +94,18 @@ struct StartFinalSync {
 struct SignalTrainer { int signo; };    // to the trainer's whole process group
 struct SignalLeftovers { int signo; };  // every remaining descendant
 struct RunOnExit {};
+struct CancelOnExit {};   // the on-exit action hung: abandon it (cancel the API call, kill the command)
+struct RunPoweroff { int attempt = 1; };  // shutdown-command, whatever on-exit was
+struct ForcePoweroff {};  // last resort: reboot(2) in daemon mode
 struct StartMounts {};
-struct CancelMounts {};  // the mounting phase ran out of time: cut waits short
+struct CancelMounts {};  // the mounting phase ran out of time, or a stop: cut waits short
+struct CancelRestore {};    // stopped or preempted while restoring: cut the downloads short
+struct CancelFinalSync {};  // asked a second time to stop: the final sync ends now
 struct StartUnmounts {};
 struct ExitProcess { int code; };
 using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, SyncNow, RunOnExit,
-                            ExitProcess, StartMounts, CancelMounts, StartUnmounts>;
+                            ExitProcess, StartMounts, CancelMounts, StartUnmounts, CancelRestore, CancelFinalSync,
+                            CancelOnExit, RunPoweroff, ForcePoweroff>;
 
 struct StateMachineOptions {
   std::chrono::milliseconds stop_timeout{20'000};
@@ -106,8 +113,10 @@ struct StateMachineOptions {
   // After SIGKILL, how long to wait before giving up on a process stuck in
   // the kernel (D state) and finishing anyway.
   std::chrono::milliseconds kill_grace{5'000};
-  // How long the on-exit command may take.
+  // The whole on-exit budget: the action gets half, then shutdown-command
+  // is run (and retried) in what is left, then the VM is powered off by force.
   std::chrono::milliseconds on_exit_timeout{60'000};
+  int poweroff_attempts = 3;
   bool run_on_exit = false;  // on-exit = poweroff
   bool sync = false;         // a bucket is configured: restore first, sync last
   std::chrono::milliseconds restore_timeout{30 * 60'000};
@@ -188,6 +197,9 @@ class StateMachine {
   // Issues StartFinalSync and enters kSyncing with its one deadline: the
   // Spot window when preempted, else final-sync-timeout.
   void BeginFinalSync(bool write_done, SteadyTime now, const std::string& why, std::vector<Action>& out);
+  void CutShortBeforeTrainer(SteadyTime now, std::vector<Action>& out);
+  // on-exit failed or hung: shutdown-command (again), or by force.
+  void PowerOff(SteadyTime now, const std::string& why, std::vector<Action>& out);
 
   StateMachineOptions options_;
   Emit emit_;
@@ -209,6 +221,8 @@ class StateMachine {
   std::optional<SteadyTime> scheduled_stop_at_;  // after a notice with a lead
   EndReason scheduled_reason_ = EndReason::kMaintenance;
   bool on_exit_started_ = false;
+  SteadyTime on_exit_deadline_{};  // the end of the whole on-exit budget
+  int poweroff_attempts_ = 0;
   bool signalled_ = false;  // SIGINT/SIGTERM to spotvisor: no on-exit, a second one escalates
   bool preempted_ = false;  // any PreemptionNotice: no on-exit, no restart
   std::optional<SteadyTime> power_button_at_;  // when GCE pressed (or will press) it

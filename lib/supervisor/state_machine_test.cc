@@ -187,13 +187,16 @@ TEST_CASE("on-exit none exits without running anything") {
   CHECK(Only<ExitProcess>(h.On(LeftoversGone{})).code == 3);
 }
 
-TEST_CASE("a shutdown command that hangs times out; a stop signal while finishing exits at once") {
+TEST_CASE("a shutdown command that hangs times out into the power-off ladder; a stop signal while finishing exits at once") {
   Harness h;
   h.StartRunning();
   h.On(TrainerExited{100, 0, 0});
   h.On(LeftoversGone{});
-  CHECK(Only<ExitProcess>(h.Advance(60s)).code == 0);
+  // Not "exit and leave the VM running": the ladder goes on to power off.
+  auto a = h.Advance(30s);
   CHECK(h.Logged("shutdown.timeout"));
+  CHECK(h.machine.phase() == Phase::kPoweringOff);
+  CHECK(std::any_of(a.begin(), a.end(), [](auto const& x) { return std::holds_alternative<RunPoweroff>(x); }));
 
   Harness h2;
   h2.StartRunning();
@@ -316,7 +319,7 @@ TEST_CASE("DONE found: no training, straight to on-exit") {
 TEST_CASE("preempted while restoring: the trainer is not started afterwards") {
   Harness h(SyncOptions());
   h.On(StartEvent{});
-  CHECK(h.On(PreemptionNotice{}).empty());
+  Only<CancelRestore>(h.On(PreemptionNotice{}));  // the downloads are cut short
   Only<ExitProcess>(h.On(RestoreDone{true, false, true, ""}));
   CHECK(h.Last("run.end").fields["reason"] == "preempted");
   CHECK(h.machine.exit_code() == 75);
@@ -648,7 +651,7 @@ TEST_CASE("preempted or stopped while mounting: no trainer; unmount, no on-exit"
   {
     Harness h(MountOptions());
     h.On(StartEvent{});
-    CHECK(h.On(PreemptionNotice{}).empty());
+    Only<CancelMounts>(h.On(PreemptionNotice{}));  // not worth finishing: cut short
     Only<StartUnmounts>(h.On(MountsDone{true, ""}));
     CHECK(h.machine.exit_code() == 75);
     Only<ExitProcess>(h.On(UnmountsDone{}));
@@ -656,7 +659,7 @@ TEST_CASE("preempted or stopped while mounting: no trainer; unmount, no on-exit"
   {
     Harness h(MountOptions());
     h.On(StartEvent{});
-    CHECK(h.On(StopSignal{SIGTERM}).empty());
+    Only<CancelMounts>(h.On(StopSignal{SIGTERM}));
     Only<StartUnmounts>(h.On(MountsDone{true, ""}));
     CHECK(Only<ExitProcess>(h.On(UnmountsDone{})).code == 128 + SIGTERM);
   }
@@ -835,6 +838,112 @@ TEST_CASE("Ending(): not for a crash that may restart or a failure that will hol
   p.StartRunning();
   p.On(PreemptionNotice{});
   CHECK(p.machine.Ending());
+}
+// ---- issue #12: bounded stops, guaranteed power-off ----
+
+template <typename T>
+bool Has(const std::vector<Action>& a) {
+  return std::any_of(a.begin(), a.end(), [](auto const& x) { return std::holds_alternative<T>(x); });
+}
+
+TEST_CASE("on-exit that hangs: abandoned at half the budget, shutdown-command retried, then powered off by force") {
+  Harness h;
+  h.StartRunning();
+  h.On(TrainerExited{100, 0, 0});
+  Only<RunOnExit>(h.On(LeftoversGone{}));
+  REQUIRE(h.machine.deadline());
+  CHECK(*h.machine.deadline() - h.now == 30s);  // half of on-exit-timeout
+  // The API never answers: at 30 s it is abandoned and shutdown-command runs.
+  auto a = h.Advance(30s);
+  CHECK(Has<CancelOnExit>(a));
+  REQUIRE(Has<RunPoweroff>(a));
+  CHECK(h.machine.phase() == Phase::kPoweringOff);
+  // It fails at once: tried again, within the budget.
+  auto b = h.On(OnExitDone{1});
+  REQUIRE(Has<RunPoweroff>(b));
+  CHECK(std::get<RunPoweroff>(b[0]).attempt == 2);
+  // It hangs: at its share of what is left, a third attempt, then force.
+  auto c = h.Advance(std::chrono::duration_cast<std::chrono::milliseconds>(*h.machine.deadline() - h.now));
+  CHECK(Has<RunPoweroff>(c));
+  auto d = h.Advance(std::chrono::duration_cast<std::chrono::milliseconds>(*h.machine.deadline() - h.now));
+  CHECK(Has<ForcePoweroff>(d));
+  CHECK(Has<ExitProcess>(d));
+  CHECK(h.Logged("shutdown.forced"));
+  CHECK(h.now - SteadyTime{std::chrono::seconds(1000)} <= 60s);  // all within on-exit-timeout
+}
+
+TEST_CASE("a failed on-exit powers off with shutdown-command; its success ends the run") {
+  Harness h;
+  h.StartRunning();
+  h.On(TrainerExited{100, 1, 0});
+  h.On(LeftoversGone{});
+  REQUIRE(Has<RunPoweroff>(h.On(OnExitDone{1})));
+  CHECK(Only<ExitProcess>(h.On(OnExitDone{0})).code == 1);
+  CHECK_FALSE(h.Logged("shutdown.forced"));
+}
+
+TEST_CASE("a stop while restoring cancels the restore; while mounting, the mounts") {
+  SECTION("restoring") {
+    auto o = Harness::Options();
+    o.sync = true;
+    Harness h(o);
+    Only<StartRestore>(h.On(StartEvent{}));
+    auto a = h.On(StopSignal{SIGTERM});
+    REQUIRE(Has<CancelRestore>(a));
+    // The cancelled restore reports back: the run ends as stopped, not as a failed restore.
+    h.On(RestoreDone{false, false, false, "restoring: cancelled"});
+    CHECK(h.machine.exit_code() == 128 + SIGTERM);
+    CHECK_FALSE(h.Logged("restore.failed"));
+  }
+  SECTION("mounting") {
+    Harness h(MountOptions());
+    h.On(StartEvent{});
+    auto a = h.On(StopSignal{SIGTERM});
+    REQUIRE(Has<CancelMounts>(a));
+    REQUIRE(h.machine.deadline());
+    CHECK(*h.machine.deadline() - h.now == 10s);  // not mount-timeout
+    h.On(MountsDone{false, "cancelled"});
+    CHECK_FALSE(h.Logged("mount.failed"));
+  }
+  SECTION("a preemption while restoring") {
+    auto o = Harness::Options();
+    o.sync = true;
+    Harness h(o);
+    h.On(StartEvent{});
+    REQUIRE(Has<CancelRestore>(h.On(PreemptionNotice{})));
+  }
+}
+
+TEST_CASE("a second stop signal during the final sync ends it now; the first does not") {
+  auto o = Harness::Options();
+  o.sync = true;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  Only<StartFinalSync>(h.On(LeftoversGone{}));
+  CHECK_FALSE(Has<CancelFinalSync>(h.On(StopSignal{SIGTERM})));
+  CHECK(Has<CancelFinalSync>(h.On(StopSignal{SIGTERM})));
+}
+
+TEST_CASE("after a preemption the final sync's deadline is the Spot window, not final-sync-timeout") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.stop_timeout = 20s;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  h.On(PreemptionNotice{});
+  h.now += 5s;  // the trainer saves for 5 s
+  h.On(TrainerExited{100, 0, 0});
+  h.now += 1s;
+  auto a = h.On(LeftoversGone{});
+  auto const& f = Only<StartFinalSync>(a);
+  CHECK(f.urgent);
+  CHECK(f.deadline - h.now == 21s);  // 30 s window - 3 s margin - 6 s gone
+  CHECK(*h.machine.deadline() == f.deadline);
 }
 }  // namespace
 }  // namespace spotvisor

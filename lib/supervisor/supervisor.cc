@@ -1,9 +1,12 @@
 #include "supervisor/supervisor.h"
 
+#include <sys/reboot.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <csignal>
 
 #include <fmt/format.h>
@@ -118,6 +121,7 @@ namespace {
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
+  o.on_exit_timeout = c.on_exit_timeout;
   o.kill_timeout = c.kill_timeout;
   auto acts = [](std::optional<OnExit> a) { return a && *a != OnExit::kNone; };
   o.run_on_exit = acts(c.on_exit) || acts(c.on_exit_success) || acts(c.on_exit_failure);
@@ -155,10 +159,30 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       watchdog_timer_(io),
       extend_timer_(io) {}
 
+// Work still in flight (a stuck mount, a hung API) is cancelled and given a
+// bound: the process exits on time whatever it was waiting for.
 Supervisor::~Supervisor() {
-  for (auto& t : workers_) {
-    if (t.joinable()) t.join();
+  CancelAllWork();
+  std::size_t left = pool_.Shutdown(std::chrono::seconds(5));
+  if (left > 0) {
+    logger_.Error("supervisor.stuck_work",
+                  fmt::format("{} blocking task(s) did not return within 5s of being cancelled; exiting without them", left));
   }
+}
+
+std::shared_ptr<CancelSource> Supervisor::NewWork() {
+  auto c = std::make_shared<CancelSource>();
+  work_.erase(std::remove_if(work_.begin(), work_.end(), [](auto const& w) { return w.expired(); }), work_.end());
+  work_.push_back(c);
+  return c;
+}
+
+void Supervisor::CancelAllWork() {
+  for (auto& w : work_) {
+    if (auto c = w.lock()) c->Cancel();
+  }
+  compute_sleeper_.Cancel();
+  if (options_.mounts) options_.mounts->Cancel();
 }
 
 void Supervisor::Start() {
@@ -292,10 +316,21 @@ void Supervisor::Execute(const Action& a) {
     StartMounts();
   } else if (std::holds_alternative<CancelMounts>(a)) {
     if (options_.mounts) options_.mounts->Cancel();
+  } else if (std::holds_alternative<CancelRestore>(a)) {
+    if (restore_cancel_) restore_cancel_->Cancel();
+  } else if (std::holds_alternative<CancelFinalSync>(a)) {
+    if (final_cancel_) final_cancel_->Cancel();
   } else if (std::holds_alternative<struct StartUnmounts>(a)) {
     StartUnmounts();
   } else if (std::holds_alternative<struct RunOnExit>(a)) {
     RunOnExit();
+  } else if (std::holds_alternative<CancelOnExit>(a)) {
+    AbandonOnExit();
+  } else if (std::holds_alternative<struct RunPoweroff>(a)) {
+    AbandonOnExit();
+    RunPoweroff();
+  } else if (std::holds_alternative<struct ForcePoweroff>(a)) {
+    ForcePoweroff();
   } else if (auto* x = std::get_if<ExitProcess>(&a)) {
     Exit(x->code);
   }
@@ -366,8 +401,10 @@ void Supervisor::StartRestore() {
   auto engine = options_.sync;
   logger_.Info("restore.start", fmt::format("looking for a checkpoint in {}", engine->Describe()),
                {{"bucket", engine->Describe()}});
-  workers_.emplace_back([this, engine] {
-    auto r = engine->Restore();
+  CallContext ctx;
+  ctx.cancel = restore_cancel_ = NewWork();
+  pool_.Post([this, engine, ctx] {
+    auto r = engine->Restore(ctx);
     asio::post(io_, [this, r = std::move(r)] {
       if (r.ok() && !r->state_warning.empty()) logger_.Warn("sync.state_not_saved", r->state_warning);
       if (!r.ok()) {
@@ -421,7 +458,7 @@ void Supervisor::StartMounts() {
                     {{"pid", pid}, {"driver", options_.config.mount_driver}, {"dir", options_.config.bucket_mount}});
     });
   });
-  workers_.emplace_back([this, mounts] {
+  pool_.Post([this, mounts] {
     Status s = mounts->MountAll();
     asio::post(io_, [this, s] { Dispatch(MountsDone{s.ok(), s.message()}); });
   });
@@ -429,7 +466,7 @@ void Supervisor::StartMounts() {
 
 void Supervisor::StartUnmounts() {
   auto mounts = options_.mounts;
-  workers_.emplace_back([this, mounts] {
+  pool_.Post([this, mounts] {
     std::vector<std::string> problems;
     if (mounts) problems = mounts->UnmountAll();
     asio::post(io_, [this, problems] { Dispatch(UnmountsDone{problems}); });
@@ -471,7 +508,8 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   }
   CallContext ctx;
   ctx.clock = &clock_;
-  ctx.cancel = std::make_shared<CancelSource>();
+  ctx.cancel = NewWork();
+  if (final) final_cancel_ = ctx.cancel;
   if (skippable) {
     sync_in_flight_ = true;
     periodic_cancel_ = ctx.cancel;
@@ -491,7 +529,7 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   // written: the tree is taken as it is (unless the marker says a save was cut off).
   if (final || kind == "restart") mode = write_done ? SyncKind::kCompleted : SyncKind::kStopped;
   int exit_code = machine_.exit_code();
-  workers_.emplace_back([this, engine, kind, final, write_done, exit_code, ctx, mode] {
+  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode] {
     auto r = engine->Sync(mode, ctx);
     Status done;
     if (r.ok() && !r->deferred && write_done) done = engine->WriteDone(exit_code, ctx);
@@ -594,8 +632,13 @@ void Supervisor::OnSignal(int signo) {
     } else {
       logger_.Warn("sync.skipped", "SIGUSR1: no bucket is configured, nothing to sync");
     }
-  } else {
+  } else if (signo == SIGQUIT) {
+    // "Stop now": a stop request and its repetition, so the ladder skips
+    // the grace a first request gives.
     Dispatch(StopSignal{signo});
+    Dispatch(StopSignal{signo});
+  } else {
+    Dispatch(StopSignal{signo});  // SIGINT, SIGTERM, SIGHUP
   }
 }
 
@@ -683,21 +726,53 @@ void Supervisor::RunOnExit() {
   }
   logger_.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit {}: asking the Compute Engine API to {} this VM", verb, verb),
                        {{"action", verb}}});
-  workers_.emplace_back([this, action, verb] {
+  CallContext ctx;
+  ctx.cancel = compute_cancel_ = NewWork();
+  ctx.clock = &clock_;
+  ctx.deadline = machine_.deadline();  // half the on-exit budget
+  pool_.Post([this, action, verb, ctx] {
     auto client = options_.make_compute(compute_sleeper_);
-    Status s = action == OnExit::kStop ? client->StopInstance() : client->DeleteInstance();
+    Status s = action == OnExit::kStop ? client->StopInstance(ctx) : client->DeleteInstance(ctx);
     asio::post(io_, [this, s, verb] {
+      if (machine_.phase() != Phase::kFinishing) return;  // abandoned meanwhile
       if (s.ok()) {
         logger_.Info("shutdown.api_done", fmt::format("the Compute Engine API accepted the {}; GCE takes it from here", verb));
         Dispatch(OnExitDone{0});
         return;
       }
-      // Never leave the VM running by accident.
+      // The machine powers off instead (never leave the VM running by accident).
       logger_.Error("shutdown.api_failed", fmt::format("on-exit {} failed: {}; powering off instead", verb, s.message()),
                     {{"error", s.message()}});
-      RunPoweroff();
+      Dispatch(OnExitDone{1});
     });
   });
+}
+
+// The on-exit action hung or failed: cancel the API call, kill the command
+// (its exit is no longer reported).
+void Supervisor::AbandonOnExit() {
+  if (compute_cancel_) compute_cancel_->Cancel();
+  if (on_exit_pid_ > 0) {
+    kill(on_exit_pid_, SIGKILL);
+    on_exit_pid_ = 0;
+  }
+}
+
+// The last resort when nothing else powered the VM off. Only as the
+// service (`spotvisor daemon`): `spotvisor run` on someone's machine never
+// halts it by force.
+void Supervisor::ForcePoweroff() {
+  if (options_.mode != "daemon") {
+    logger_.Error("shutdown.not_forced",
+                  "spotvisor run does not power the machine off by force: it keeps running (the forced power-off is for the "
+                  "daemon on a VM)");
+    return;
+  }
+  logger_.Flush(std::chrono::seconds(2));
+  ::sync();
+  if (reboot(RB_POWER_OFF) != 0) {
+    logger_.Error("shutdown.not_forced", fmt::format("reboot(RB_POWER_OFF) failed: {}", std::strerror(errno)));
+  }
 }
 
 void Supervisor::RunPoweroff() {
@@ -711,7 +786,7 @@ void Supervisor::RunPoweroff() {
   auto spawned = Spawn(o);
   if (!spawned.ok()) {
     logger_.Error("shutdown.failed", spawned.status().message());
-    Dispatch(OnExitDone{127});
+    asio::post(io_, [this] { Dispatch(OnExitDone{127}); });
     return;
   }
   on_exit_pid_ = spawned->pid;
@@ -766,8 +841,9 @@ void Supervisor::WriteStatus(const LogEvent& last) {
         {"phase", PhaseName(machine_.phase())},
         {"since", j["since"].get<std::string>()},
         {"trainer_pid", j["trainer_pid"].is_null() ? "" : std::to_string(j["trainer_pid"].get<int>())},
-        {"last_event", j["last_event"].dump()},
-        {"last_sync", last_sync_.is_null() ? "" : last_sync_.dump()},
+        // Text from outside (a trainer's line, a path) may not be UTF-8: escaped, never thrown on.
+        {"last_event", j["last_event"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)},
+        {"last_sync", last_sync_.is_null() ? "" : last_sync_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)},
         {"reason", j.value("reason", "")},
     });
   }

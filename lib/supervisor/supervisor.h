@@ -25,6 +25,8 @@
 #include "notify/service_notifier.h"
 #include "mount/mount_manager.h"
 #include "process/children.h"
+#include "common/cancel.h"
+#include "common/worker_pool.h"
 #include "retry/sleeper.h"
 
 namespace spotvisor {
@@ -85,6 +87,8 @@ class Supervisor {
   bool IsOurHelper(pid_t pid) const;
   void RunOnExit();
   void RunPoweroff();
+  void AbandonOnExit();
+  void ForcePoweroff();
   OnExit OnExitFor(EndReason reason) const;
   void Exit(int code);
   void OnMachineEvent(LogEvent e);
@@ -120,7 +124,12 @@ class Supervisor {
   bool stopping_notified_ = false;
   std::unique_ptr<ActivitySampler> sampler_;
   std::optional<IdleDetector> idle_;
-  std::vector<std::thread> workers_;  // joined in the destructor
+  // Every piece of blocking work in flight has a cancel source here; a stop
+  // (or the destructor) cancels them.
+  std::shared_ptr<CancelSource> NewWork();
+  void CancelAllWork();
+  std::vector<std::weak_ptr<CancelSource>> work_;
+  std::shared_ptr<CancelSource> restore_cancel_, final_cancel_, compute_cancel_;
   bool sync_in_flight_ = false;       // periodic or on-demand
   // Cancels the periodic/on-demand sync in flight (asleep in backoff, say)
   // when the final sync must start now.
@@ -138,6 +147,8 @@ class Supervisor {
   WallTime phase_since_{};
   std::optional<LogEvent> last_machine_event_;  // written to status.json after the actions
   std::string status_error_;  // last status.json write failure, logged once
+  // Last: destroyed first, after its tasks were cancelled and given a bound.
+  WorkerPool pool_{6};
 };
 
 }  // namespace spotvisor

@@ -1023,7 +1023,9 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     // 5. The snapshot holds only if no file of it changed meanwhile.
     if (moved.load() || (!stage && !Unchanged(root, scan))) continue;
 
-    // 6. Commit.
+    // 6. Commit. files_uploaded counts the new objects this commit names
+    // (bytes_uploaded counts every byte sent, earlier snapshots' too).
+    stats.files_uploaded = static_cast<int>(fresh.size());
     for (auto& [rel, u] : fresh) next[rel] = u;
     if (auto c = Commit(seq, next, j.by == "marker", ctx); !c.ok()) return c;
     deferrals_ = 0;

@@ -334,6 +334,23 @@ class BootTest(unittest.TestCase):
         self.assertFalse(re.search(r"fake_trainer started", vm.serial()), "the trainer started despite the error")
         self.assertIn("poweroff", self.event("shutdown.start").get("message", ""))
 
+    # ------------------------------------------------------------------ (4)
+    def test_4_a_shutdown_command_that_fails_still_powers_the_vm_off(self):
+        # "A VM never keeps billing by accident": the shutdown command fails
+        # every time, so spotvisor retries it and then powers off by force
+        # (sync(2) + reboot(2)), inside on-exit-timeout.
+        run_id = "e2e-forced-poweroff"
+        vm = self.boot(run_id, {"spotvisor-command": exec_form(TRAINER, "--run-for", "500"),
+                                "spotvisor-shutdown-command": "echo refusing to power off; exit 1",
+                                "spotvisor-on-exit-timeout": "8s"})
+        started = self.wait_trainer_started()
+        ended = self.wait_run_end(started, "trainer running -> run.end (run)")
+        rc = self.wait_poweroff(ended, timeout=EXIT_TIMEOUT)
+        self.assertLess(vm.exited - ended, 8 + 5, "powered off inside on-exit-timeout (+ the kernel's own power-off)")
+        self.assert_powered_off(rc)
+        self.assertEqual(len(vm.serial_events("shutdown.poweroff")), 3, "the command was retried three times")
+        self.assertTrue(vm.serial_events("shutdown.forced"), "no shutdown.forced on the serial console")
+
 
 def ns_gap(marker):
     """'0.35 s': from the trainer's SIGINT to its SIGTERM, as its marker file records them."""
