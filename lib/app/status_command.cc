@@ -3,16 +3,72 @@
 #include <sys/types.h>
 #include <signal.h>
 
-#include <cerrno>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "process/proc.h"
 #include "state/status_file.h"
 
 namespace spotvisor {
+namespace {
+
+// What status.json says about the spotvisor that wrote it. A spotvisor that
+// died (SIGKILL, OOM, a crash) leaves its pid behind, and the kernel hands
+// pids out again: the pid alone names whatever runs under it now.
+RecordedProcess Writer(const nlohmann::json& j) {
+  RecordedProcess r;
+  r.name = "spotvisor";
+  if (auto it = j.find("spotvisor_pid"); it != j.end() && it->is_number_integer()) {
+    auto pid = it->get<long long>();
+    if (pid > 0 && pid <= INT32_MAX) r.pid = static_cast<pid_t>(pid);
+  }
+  if (auto it = j.find("start_time_ticks"); it != j.end() && (it->is_number_unsigned() || it->is_number_integer())) {
+    if (it->is_number_unsigned() || it->get<long long>() >= 0) r.start_ticks = it->get<std::uint64_t>();
+  }
+  if (auto it = j.find("boot_id"); it != j.end() && it->is_string()) r.boot_id = it->get<std::string>();
+  return r;
+}
+
+std::string Phase(const nlohmann::json& j) {
+  auto it = j.find("phase");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "?";
+}
+
+// Whether the writer still runs, by sending it `signo` (0: only look).
+// Returns 0 once signalled, else prints why not on stderr and returns 3.
+int SignalDaemon(const char* command, const std::string& state_dir, const nlohmann::json& st, int signo) {
+  auto writer = Writer(st);
+  if (writer.pid <= 0 || Phase(st) == "done") {
+    std::fprintf(stderr, "%s: spotvisor is not running (last phase: %s)\n", command, Phase(st).c_str());
+    return 3;
+  }
+  auto s = SignalRecordedProcess(writer, signo);
+  if (s.ok() || (signo == 0 && s.code() == StatusCode::kPermissionDenied)) return 0;
+  if (s.code() == StatusCode::kNotFound) {
+    std::fprintf(stderr, "%s: spotvisor is not running (pid %d has exited; last phase: %s)\n", command, writer.pid,
+                 Phase(st).c_str());
+  } else if (s.code() == StatusCode::kFailedPrecondition) {
+    std::fprintf(stderr,
+                 "%s: spotvisor is not running: %s/status.json names pid %d, but %s; the spotvisor that wrote it "
+                 "died (last phase: %s). Nothing was signalled.\n",
+                 command, state_dir.c_str(), writer.pid, s.message().c_str(), Phase(st).c_str());
+  } else {
+    std::fprintf(stderr, "%s: cannot signal spotvisor (pid %d): %s\n", command, writer.pid, s.message().c_str());
+  }
+  return 3;
+}
+
+bool DaemonRunning(const nlohmann::json& st) {
+  auto writer = Writer(st);
+  if (writer.pid <= 0 || Phase(st) == "done") return false;
+  auto s = SignalRecordedProcess(writer, 0);
+  return s.ok() || s.code() == StatusCode::kPermissionDenied;
+}
+
+}  // namespace
 
 int PrintStatus(const std::string& state_dir, bool json) {
   auto st = ReadStatusFile(state_dir);
@@ -22,12 +78,12 @@ int PrintStatus(const std::string& state_dir, bool json) {
     return 4;
   }
   auto const& j = *st;
-  int pid = j.value("spotvisor_pid", 0);
-  bool running = pid > 0 && j.value("phase", "") != "done" && (kill(pid, 0) == 0 || errno == EPERM);
+  int pid = Writer(j).pid;
+  bool running = DaemonRunning(j);
   if (json) {
     auto out = j;
     out["running"] = running;
-    std::puts(out.dump(2).c_str());
+    std::puts(out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return running ? 0 : 3;
   }
   auto str = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("-"); };
@@ -55,20 +111,15 @@ int RequestSync(const std::string& state_dir, std::chrono::milliseconds timeout)
                  st.status().message().c_str());
     return 4;
   }
-  int pid = st->value("spotvisor_pid", 0);
-  if (pid <= 0 || st->value("phase", "") == "done" || kill(pid, 0) != 0) {
-    std::fprintf(stderr, "spotvisor sync: spotvisor is not running (last phase: %s)\n", st->value("phase", "?").c_str());
-    return 3;
-  }
+  int pid = Writer(*st).pid;
+  // Checked before the bucket: "not running" is the answer that matters.
+  if (int rc = SignalDaemon("spotvisor sync", state_dir, *st, 0); rc != 0) return rc;
   if (!st->contains("bucket")) {
     std::fprintf(stderr, "spotvisor sync: no bucket is configured, nothing to sync to\n");
     return 5;
   }
   std::string before = st->contains("last_sync") ? (*st)["last_sync"].dump() : "";
-  if (kill(pid, SIGUSR1) != 0) {
-    std::fprintf(stderr, "spotvisor sync: cannot signal pid %d: %s\n", pid, std::strerror(errno));
-    return 3;
-  }
+  if (int rc = SignalDaemon("spotvisor sync", state_dir, *st, SIGUSR1); rc != 0) return rc;
   std::printf("sync requested from spotvisor (pid %d) to %s ...\n", pid, st->value("bucket", "").c_str());
   std::fflush(stdout);
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -99,19 +150,13 @@ int RequestRelease(const std::string& state_dir) {
     std::fprintf(stderr, "spotvisor release: no status in %s (%s)\n", state_dir.c_str(), st.status().message().c_str());
     return 4;
   }
-  int pid = st->value("spotvisor_pid", 0);
-  if (pid <= 0 || st->value("phase", "") == "done" || kill(pid, 0) != 0) {
-    std::fprintf(stderr, "spotvisor release: spotvisor is not running\n");
-    return 3;
-  }
-  if (st->value("phase", "") != "holding") {
-    std::fprintf(stderr, "spotvisor release: nothing to release (phase: %s)\n", st->value("phase", "?").c_str());
+  int pid = Writer(*st).pid;
+  if (int rc = SignalDaemon("spotvisor release", state_dir, *st, 0); rc != 0) return rc;
+  if (Phase(*st) != "holding") {
+    std::fprintf(stderr, "spotvisor release: nothing to release (phase: %s)\n", Phase(*st).c_str());
     return 2;
   }
-  if (kill(pid, SIGUSR2) != 0) {
-    std::fprintf(stderr, "spotvisor release: cannot signal pid %d: %s\n", pid, std::strerror(errno));
-    return 3;
-  }
+  if (int rc = SignalDaemon("spotvisor release", state_dir, *st, SIGUSR2); rc != 0) return rc;
   std::printf("released: spotvisor (pid %d) goes on to on-exit\n", pid);
   return 0;
 }

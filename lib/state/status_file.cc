@@ -113,7 +113,10 @@ Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
                         {"trainer_pid", Kind::kInt, true, 1, INT_MAX},
                         {"exit_code", Kind::kInt, false, INT_MIN, INT_MAX},
                         {"last_event", Kind::kObject},
-                        {"last_sync", Kind::kObject, true}},
+                        {"last_sync", Kind::kObject, true},
+                        // Who wrote the file, so `sync`/`release` never signal a reused pid.
+                        {"start_time_ticks", Kind::kInt, false, 0, LLONG_MAX},
+                        {"boot_id", Kind::kString}},
                        where);
   if (!s.ok()) return s;
   if (auto e = j.find("last_event"); e != j.end()) {

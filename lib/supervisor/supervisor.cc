@@ -14,6 +14,7 @@
 #include "common/duration.h"
 #include "log/logger.h"
 #include "output/utf8.h"
+#include "process/proc.h"
 #include "state/status_file.h"
 
 namespace spotvisor {
@@ -157,7 +158,10 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       sync_timer_(io),
       idle_timer_(io),
       watchdog_timer_(io),
-      extend_timer_(io) {}
+      extend_timer_(io) {
+  if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
+  boot_id_ = BootId();
+}
 
 // Work still in flight (a stuck mount, a hung API) is cancelled and given a
 // bound: the process exits on time whatever it was waiting for.
@@ -831,6 +835,9 @@ void Supervisor::WriteStatus(const LogEvent& last) {
   };
   if (auto r = machine_.end_reason()) j["reason"] = EndReasonName(*r);
   if (!last_sync_.is_null()) j["last_sync"] = last_sync_;
+  // Identifies this process beyond its pid (`spotvisor sync` checks it).
+  if (start_time_ticks_) j["start_time_ticks"] = *start_time_ticks_;
+  if (!boot_id_.empty()) j["boot_id"] = boot_id_;
   if (options_.sync) j["bucket"] = options_.sync->Describe();
   if (machine_.phase() == Phase::kDone) j["exit_code"] = machine_.exit_code();
   if (auto d = machine_.deadline()) {

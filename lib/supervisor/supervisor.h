@@ -147,6 +147,8 @@ class Supervisor {
   WallTime phase_since_{};
   std::optional<LogEvent> last_machine_event_;  // written to status.json after the actions
   std::string status_error_;  // last status.json write failure, logged once
+  std::optional<std::uint64_t> start_time_ticks_;  // /proc/self/stat field 22, for status.json
+  std::string boot_id_;
   // Last: destroyed first, after its tasks were cancelled and given a bound.
   WorkerPool pool_{6};
 };

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -108,6 +109,31 @@ void on_signal(int sig) {
   errno = saved_errno;
 }
 
+// What was open at exec, listed before we open anything ourselves:
+// " 0=/dev/null 1=pipe:[123] 2=pipe:[124]".
+std::string g_inherited_fds;
+
+void list_inherited_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) {
+    g_inherited_fds = " ?";
+    return;
+  }
+  std::vector<int> fds;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd != dirfd(d)) fds.push_back(fd);
+  }
+  closedir(d);
+  std::sort(fds.begin(), fds.end());
+  for (int fd : fds) {
+    char target[512];
+    const ssize_t n = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+    g_inherited_fds += " " + std::to_string(fd) + "=" + (n > 0 ? std::string(target, static_cast<size_t>(n)) : "?");
+  }
+}
+
 // ---------------------------------------------------------------- output
 // Blocking-safe full write for normal context; a pipe whose reader set
 // O_NONBLOCK on our end is waited on with poll rather than spun on.
@@ -183,7 +209,7 @@ bool wait_until(int64_t deadline_ns, bool return_on_signal) {
 
 // ---------------------------------------------------------------- options
 struct Action {
-  enum Kind { kProgress, kPrintEnv, kPrint, kStderr, kLongLine, kInvalidUtf8, kFlood };
+  enum Kind { kProgress, kPrintEnv, kPrintFds, kPrintPdeathsig, kPrint, kStderr, kLongLine, kInvalidUtf8, kFlood };
   Kind kind;
   long n = 0;
   std::string text;
@@ -260,6 +286,10 @@ Options parse_args(int argc, char** argv) {
       o.actions.push_back({Action::kProgress, parse_long(flag, value(), 1, kMaxCount), {}});
     } else if (flag == "--print-env") {
       o.actions.push_back({Action::kPrintEnv, 0, {}});
+    } else if (flag == "--print-fds") {
+      o.actions.push_back({Action::kPrintFds, 0, {}});
+    } else if (flag == "--print-pdeathsig") {
+      o.actions.push_back({Action::kPrintPdeathsig, 0, {}});
     } else if (flag == "--print") {
       o.actions.push_back({Action::kPrint, 0, value()});
     } else if (flag == "--stderr") {
@@ -416,6 +446,15 @@ bool run_actions(const std::vector<Action>& actions) {
         std::string all;
         for (char** e = environ; *e != nullptr; ++e) (all += *e) += '\n';
         out(all);
+        break;
+      }
+      case Action::kPrintFds:
+        out("fake_trainer fds:" + g_inherited_fds + "\n");
+        break;
+      case Action::kPrintPdeathsig: {
+        int sig = 0;
+        prctl(PR_GET_PDEATHSIG, &sig);
+        out("fake_trainer pdeathsig=" + std::to_string(sig) + "\n");
         break;
       }
       case Action::kPrint:
@@ -598,6 +637,7 @@ void install_handlers(const Options& o) {
 
 int main(int argc, char** argv) {
   const int64_t start_ns = mono_ns();
+  list_inherited_fds();
   const Options o = parse_args(argc, argv);
   if (o.checkpoint_every_ms > 0 && checkpoint_dir() == nullptr) {
     usage_error("--checkpoint-every needs SPOTVISOR_CHECKPOINT_DIR in the environment");
