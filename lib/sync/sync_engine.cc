@@ -1,4 +1,5 @@
 #include "sync/sync_engine.h"
+#include "sync/manifest.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,8 +29,6 @@ using Json = nlohmann::json;
 
 constexpr char kManifest[] = "manifest.json";
 constexpr char kDone[] = "DONE";
-constexpr char kObjectsDir[] = "checkpoints/";
-constexpr char kRestoreTmp[] = ".spotvisor-restore.";
 // GCS allows 1024 bytes for a whole object name; this leaves room for the
 // bucket prefix, the run-id, "checkpoints/" and "~SEQ.NONCE".
 constexpr std::size_t kMaxRelPath = 900;
@@ -333,89 +332,6 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   return OkStatus();
 }
 
-// Checked accessors for JSON from outside (a manifest, the state file).
-std::optional<std::string> GetString(const Json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
-}
-std::optional<std::int64_t> GetInt(const Json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return std::nullopt;
-  if (it->is_number_integer()) return it->get<std::int64_t>();
-  if (it->is_number_unsigned() && it->get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
-    return static_cast<std::int64_t>(it->get<std::uint64_t>());
-  }
-  return std::nullopt;
-}
-
-struct ManifestEntry {
-  std::string path, object;
-  std::uint64_t size = 0;
-  std::uint32_t crc = 0;
-  std::int64_t generation = 0;
-  std::int64_t mtime_ns = 0;  // state file only
-};
-
-struct Manifest {
-  std::vector<ManifestEntry> files;
-  std::int64_t sequence = 0;
-  std::string commit_id;  // empty in manifests written before commit ids
-  std::string instance, committed_at;
-  bool marker = false;
-};
-
-// A manifest (or the state file, which has the same "files"), every field
-// checked: anything unexpected is an error naming the entry, never a throw.
-StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& what, const std::string& checkpoint_dir) {
-  auto m = Json::parse(text, nullptr, false);
-  if (!m.is_object()) return FailedPreconditionError(fmt::format("{} is not a spotvisor manifest (not a JSON object)", what));
-  auto files = m.find("files");
-  if (files == m.end() || !files->is_array()) {
-    return FailedPreconditionError(fmt::format("{} is not a spotvisor manifest (no \"files\" list)", what));
-  }
-  Manifest out;
-  auto seq = m.contains("sequence") ? GetInt(m, "sequence") : std::optional<std::int64_t>(0);
-  if (!seq || *seq < 0) return FailedPreconditionError(fmt::format("{}: \"sequence\" is not a non-negative integer", what));
-  out.sequence = *seq;
-  out.commit_id = GetString(m, "commit_id").value_or("");
-  out.instance = Escaped(GetString(m, "instance").value_or("?"));
-  out.committed_at = Escaped(GetString(m, "committed_at").value_or("?"));
-  auto marker = m.find("marker");
-  out.marker = marker != m.end() && marker->is_boolean() && marker->get<bool>();
-  std::set<std::string> seen;
-  for (auto const& f : *files) {
-    if (!f.is_object()) return FailedPreconditionError(fmt::format("{}: a \"files\" entry is not an object", what));
-    ManifestEntry e;
-    auto path = GetString(f, "path");
-    auto object = GetString(f, "object");
-    auto crc_text = GetString(f, "crc32c");
-    auto size = GetInt(f, "size");
-    auto gen = f.contains("generation") ? GetInt(f, "generation") : std::optional<std::int64_t>(0);
-    std::string name = path ? Escaped(*path) : std::string("?");
-    if (!path || !object || !crc_text || !size || *size < 0 || !gen) {
-      return FailedPreconditionError(fmt::format("{}: the entry for \"{}\" is malformed", what, name));
-    }
-    e.path = *path;
-    e.object = *object;
-    e.size = static_cast<std::uint64_t>(*size);
-    e.generation = *gen;
-    e.mtime_ns = GetInt(f, "mtime_ns").value_or(0);
-    if (!IsSafeRelativePath(e.path) || e.path.find(kRestoreTmp) != std::string::npos || e.path == kCompleteMarker ||
-        StartsWith(e.path, std::string(kStagingDir) + "/")) {
-      return PermissionDeniedError(
-          fmt::format("{} names \"{}\", which would escape {}: refusing to restore", what, name, Escaped(checkpoint_dir)));
-    }
-    auto crc = Crc32cFromBase64(*crc_text);
-    if (!crc.ok() || e.object.rfind(kObjectsDir, 0) != 0 || !seen.insert(e.path).second) {
-      return FailedPreconditionError(fmt::format("{}: the entry for \"{}\" is malformed", what, name));
-    }
-    e.crc = *crc;
-    out.files.push_back(std::move(e));
-  }
-  return out;
-}
-
 // "checkpoints/a/b~12.9f3c..." -> 12; legacy "checkpoints/a/b~12" -> 12.
 std::optional<std::int64_t> ObjectSequence(const std::string& name) {
   auto tilde = name.rfind('~');
@@ -459,19 +375,6 @@ std::string JoinNames(const std::vector<std::string>& names, std::size_t max = 1
 }
 
 }  // namespace
-
-bool IsSafeRelativePath(const std::string& path) {
-  if (path.empty() || path.front() == '/' || path.find('\0') != std::string::npos) return false;
-  std::size_t start = 0;
-  while (start <= path.size()) {
-    auto end = path.find('/', start);
-    auto seg = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (seg.empty() || seg == "." || seg == "..") return false;
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  return true;
-}
 
 std::string UnstorableReason(const std::string& rel) {
   if (!output::IsValidUtf8(rel)) return "not valid UTF-8";

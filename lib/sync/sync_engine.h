@@ -45,17 +45,9 @@
 #include "common/status.h"
 #include "retry/sleeper.h"
 #include "storage/object_store.h"
+#include "sync/manifest.h"
 
 namespace spotvisor {
-
-// The completion marker: a trainer touches CHECKPOINT_DIR/.spotvisor-complete
-// after it has written a whole checkpoint (`spotvisor checkpoint --done` does
-// the same). While it is newer than every file the tree is complete; a file
-// newer than it means a save is under way.
-inline constexpr char kCompleteMarker[] = ".spotvisor-complete";
-// Local copies of a snapshot (periodic syncs of trainers that save faster
-// than an upload takes), inside the checkpoint dir so a copy stays on its disk.
-inline constexpr char kStagingDir[] = ".spotvisor-staging";
 
 // What the trainer is doing while a sync runs.
 enum class SyncKind {
@@ -185,10 +177,6 @@ class SyncEngine {
   int deferrals_ = 0;
   bool settle_warned_ = false;
 };
-
-// A manifest path is safe to restore: relative, no "." or ".." segments, no
-// empty segments, no NUL.
-bool IsSafeRelativePath(const std::string& path);
 
 // Why the object store cannot hold this relative path (not UTF-8, CR or LF,
 // too long), or "" when it can.

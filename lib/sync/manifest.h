@@ -1,0 +1,56 @@
+// The manifest: what a commit names, parsed from bytes that can be anything
+// (every field checked; errors are values, never a throw). Also the state
+// file in state-dir, which has the same "files".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace spotvisor {
+
+inline constexpr char kObjectsDir[] = "checkpoints/";
+inline constexpr char kRestoreTmp[] = ".spotvisor-restore.";
+// The completion marker: a trainer touches CHECKPOINT_DIR/.spotvisor-complete
+// after it has written a whole checkpoint (`spotvisor checkpoint --done` does
+// the same). While it is newer than every file the tree is complete; a file
+// newer than it means a save is under way.
+inline constexpr char kCompleteMarker[] = ".spotvisor-complete";
+// Local copies of a snapshot (periodic syncs of trainers that save faster
+// than an upload takes), inside the checkpoint dir so a copy stays on its disk.
+inline constexpr char kStagingDir[] = ".spotvisor-staging";
+
+struct ManifestEntry {
+  std::string path, object;
+  std::uint64_t size = 0;
+  std::uint32_t crc = 0;
+  std::int64_t generation = 0;
+  std::int64_t mtime_ns = 0;  // state file only
+};
+
+struct Manifest {
+  std::vector<ManifestEntry> files;
+  std::int64_t sequence = 0;
+  std::string commit_id;  // empty in manifests written before commit ids
+  std::string instance, committed_at;
+  bool marker = false;
+};
+
+// `what` names the source in messages; `checkpoint_dir` is where paths would
+// be restored (a path escaping it is kPermissionDenied).
+StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& what, const std::string& checkpoint_dir);
+
+// A manifest path is safe to restore: relative, no "." or ".." segments, no
+// empty segments, no NUL.
+bool IsSafeRelativePath(const std::string& path);
+
+// Checked accessors for JSON from outside.
+std::optional<std::string> GetString(const nlohmann::json& j, const char* key);
+std::optional<std::int64_t> GetInt(const nlohmann::json& j, const char* key);
+
+}  // namespace spotvisor
