@@ -17,6 +17,7 @@
 #include "output/utf8.h"
 #include "retry/retry_loop.h"
 #include "storage/crc32c.h"
+#include "storage/range_header.h"
 
 namespace spotvisor {
 namespace {
@@ -455,7 +456,9 @@ class GcsObjectStore final : public ObjectStore {
             return FailedPreconditionError(fmt::format("upload session for {} expired (HTTP {})", Url(name), r->status));
           }
           if (r->status != 308) return HttpError(*r, "resuming upload of " + Url(name), BucketUrl());
-          offset = PersistedBytes(*r);
+          auto persisted = PersistedBytes(*r, size);
+          if (!persisted.ok()) return persisted.status();  // need_query stays set
+          offset = *persisted;
           need_query = false;
         }
         if (offset != crc_upto) {
@@ -496,7 +499,12 @@ class GcsObjectStore final : public ObjectStore {
         }
         if (r->status == 200 || r->status == 201) return Verified(*r, name, chunk_crc);
         if (r->status == 308) {
-          std::size_t persisted = PersistedBytes(*r);
+          auto parsed = PersistedBytes(*r, size);
+          if (!parsed.ok()) {
+            need_query = true;
+            return parsed.status();
+          }
+          std::size_t persisted = *parsed;
           if (persisted == offset + sent) {
             crc = chunk_crc;
             crc_upto = persisted;
@@ -511,12 +519,15 @@ class GcsObjectStore final : public ObjectStore {
     });
   }
 
-  static std::size_t PersistedBytes(const HttpResponse& r) {
-    // "Range: bytes=0-N": N+1 bytes persisted; no Range: none.
-    auto range = r.Header("range");
-    auto dash = range.find('-');
-    if (range.empty() || dash == std::string::npos) return 0;
-    return static_cast<std::size_t>(std::strtoull(range.c_str() + dash + 1, nullptr, 10)) + 1;
+  // "Range: bytes=0-N": N+1 bytes persisted; no Range: none. A malformed
+  // header, or one beyond the file, is an error (the session is asked again).
+  static StatusOr<std::size_t> PersistedBytes(const HttpResponse& r, std::size_t size) {
+    auto n = ParsePersistedRange(r.Header("range"));
+    if (!n || *n > size) {
+      return UnavailableError("resumable upload: unexpected Range header \"" +
+                              output::EscapeInvalidUtf8(r.Header("range").substr(0, 100)) + "\"");
+    }
+    return static_cast<std::size_t>(*n);
   }
 
   GcsOptions o_;
