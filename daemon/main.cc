@@ -117,7 +117,10 @@ const std::map<std::string, std::string> kHelp = {
      "newer than every file in the checkpoint dir, spotvisor may sync the tree at once, without\n"
      "waiting for sync-settle; a file newer than the marker means a save is under way, and the\n"
      "tree is not committed until the marker is touched again. The same from Python:\n"
-     "  pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()\n"
+     "  time.sleep(0.02); pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()\n"
+     "(the pause puts the marker past the clock tick of the last write: file times advance in\n"
+     "ticks of up to 10 ms, and a marker as new as a file does not order them; this command waits\n"
+     "for the tick itself).\n"
      "Exit status: 0 marked, 1 the marker could not be written, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };

@@ -1,11 +1,13 @@
 #include "storage/file_object_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <algorithm>
 #include <filesystem>
 
@@ -125,7 +127,14 @@ class FileObjectStore final : public ObjectStore {
       if (!it->is_regular_file()) continue;
       auto full = it->path().string();
       auto rel = full.substr(std::min(full.size(), root_.size() + 1));
-      if (rel == ".lock" || rel.find(".spotvisor-tmp.") != std::string::npos || rel.rfind(prefix, 0) != 0) continue;
+      if (rel == ".lock" || rel.rfind(prefix, 0) != 0) continue;
+      // A temporary name is an upload in progress, unless its writer is
+      // dead (killed mid-upload): then it is listed, so garbage collection
+      // can delete it.
+      if (auto tmp = rel.find(".spotvisor-tmp."); tmp != std::string::npos) {
+        auto pid = std::atoi(rel.c_str() + tmp + 15);
+        if (pid <= 0 || pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
+      }
       struct stat st {};
       if (stat(it->path().c_str(), &st) != 0) continue;
       out.push_back(ObjectInfo{rel, Generation(st), static_cast<std::uint64_t>(st.st_size), 0});

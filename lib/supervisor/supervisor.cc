@@ -528,11 +528,13 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
     ctx.deadline = final_sync->deadline - std::max<std::chrono::steady_clock::duration>(slack, {});
     ctx.urgent = final_sync->urgent;
   }
+  int exit_code = machine_.exit_code();
   SyncKind mode = SyncKind::kPeriodic;
   // Before a restart, or after the trainer stopped, nothing is still being
-  // written: the tree is taken as it is (unless the marker says a save was cut off).
-  if (final || kind == "restart") mode = write_done ? SyncKind::kCompleted : SyncKind::kStopped;
-  int exit_code = machine_.exit_code();
+  // written. A trainer that exited 0 (done, or saved on SIGINT and left) is
+  // taken as it is; one that was killed or crashed may have left its last
+  // save half-written, so the marker rule still applies.
+  if (final || kind == "restart") mode = exit_code == 0 ? SyncKind::kCompleted : SyncKind::kStopped;
   pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode] {
     auto r = engine->Sync(mode, ctx);
     Status done;

@@ -4,12 +4,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -353,15 +355,29 @@ enum class Mode { kPeriodic, kStopped, kCompleted };
 
 Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOptions& o) {
   if (mode == Mode::kCompleted) return {true, "final", ""};
-  if (scan.marker) {
-    int newer = 0;
-    for (auto const& e : scan.files) newer += e.st.mtime_ns > scan.marker->mtime_ns;
-    if (newer == 0) return {true, "marker", ""};
-    return {false, "", fmt::format("{} file(s) are newer than {}: the trainer is writing a checkpoint", newer, kCompleteMarker)};
-  }
-  if (mode == Mode::kStopped) return {true, "final", ""};
   auto settle = std::chrono::duration_cast<std::chrono::nanoseconds>(o.settle).count();
   auto age = now_ns - scan.newest_ns;
+  if (scan.marker) {
+    // File times advance in clock ticks (up to 10 ms): a file as new as the
+    // marker may have been written just before it or just after it (the
+    // next save's O_TRUNC). Only strictly older files are complete by the
+    // marker; a tie counts once the tree has settled, and never for a
+    // trainer that was killed (its last save may be the torn one).
+    int newer = 0, ties = 0;
+    for (auto const& e : scan.files) {
+      newer += e.st.mtime_ns > scan.marker->mtime_ns;
+      ties += e.st.mtime_ns == scan.marker->mtime_ns;
+    }
+    if (newer == 0 && ties == 0) return {true, "marker", ""};
+    if (newer == 0 && mode == Mode::kPeriodic && age >= settle) return {true, "settle", ""};
+    if (newer > 0) {
+      return {false, "", fmt::format("{} file(s) are newer than {}: the trainer is writing a checkpoint", newer, kCompleteMarker)};
+    }
+    return {false, "", fmt::format("{} file(s) are as new as {} (the same clock tick): written just before it or just "
+                                   "after it cannot be told apart; `spotvisor checkpoint --done` waits out the tick",
+                                   ties, kCompleteMarker)};
+  }
+  if (mode == Mode::kStopped) return {true, "final", ""};
   if (age >= settle) return {true, "settle", ""};
   if (age >= settle / 5 && (!o.check_open_files || !AnyFileOpenForWriting(o.checkpoint_dir))) return {true, "quiet", ""};
   return {false, "", fmt::format("files changed within sync-settle ({} ms): the trainer may still be writing", o.settle.count())};
@@ -384,6 +400,16 @@ std::string UnstorableReason(const std::string& rel) {
 }
 
 Status MarkCheckpointComplete(const std::string& checkpoint_dir) {
+  // Wait for the clock that stamps files to tick over, so the marker is
+  // strictly newer than every file written before this call.
+  timespec t0 {}, t {};
+  clock_gettime(CLOCK_REALTIME_COARSE, &t0);
+  for (int i = 0; i < 100; ++i) {
+    timespec ms{0, 1'000'000};
+    nanosleep(&ms, nullptr);
+    clock_gettime(CLOCK_REALTIME_COARSE, &t);
+    if (t.tv_sec != t0.tv_sec || t.tv_nsec != t0.tv_nsec) break;
+  }
   auto path = checkpoint_dir + "/" + kCompleteMarker;
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return ErrnoToStatus(errno, "touching " + Escaped(path));
@@ -456,48 +482,109 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
   }
   if (done.status().code() != StatusCode::kNotFound) return done.status();
 
+  // What this disk last committed or restored, if it is the same run, the
+  // same store and this very directory (same path, not a new disk or a
+  // re-created directory there). `pending`: a commit it was making when it
+  // stopped, which may have landed.
+  struct Record {
+    Manifest last;
+    std::int64_t generation = -1;
+    std::optional<Manifest> pending;
+  };
+  std::optional<Record> record;
+  if (!o_.state_file.empty()) {
+    int fd = open(o_.state_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      std::string data;
+      char buf[1 << 16];
+      for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0 && data.size() < (64u << 20);) {
+        data.append(buf, static_cast<std::size_t>(n));
+      }
+      close(fd);
+      auto j = Json::parse(data, nullptr, false);
+      auto r = ParseManifest(data, o_.state_file, o_.checkpoint_dir);
+      struct stat dst {};
+      bool same_dir = stat(o_.checkpoint_dir.c_str(), &dst) == 0 && j.is_object() &&
+                      GetString(j, "checkpoint_dir") == o_.checkpoint_dir &&
+                      GetInt(j, "dir_dev") == static_cast<std::int64_t>(dst.st_dev) &&
+                      GetInt(j, "dir_ino") == static_cast<std::int64_t>(dst.st_ino);
+      if (r.ok() && same_dir && GetString(j, "run_id") == o_.run_id && GetString(j, "store") == store_->Describe()) {
+        Record rec{std::move(*r), GetInt(j, "generation").value_or(-1), std::nullopt};
+        if (auto p = j.find("pending"); p != j.end() && p->is_object()) {
+          auto pm = ParseManifest(Dump(*p), o_.state_file + " (pending)", o_.checkpoint_dir);
+          if (pm.ok() && !pm->commit_id.empty()) rec.pending = std::move(*pm);
+        }
+        record = std::move(rec);
+      } else if (!r.ok()) {
+        stats.state_warning = "ignoring " + o_.state_file + ": " + r.status().message();
+      }
+    }
+  }
+  // Local files newer than `base` (what the disk is known to hold), and
+  // whether a save was cut off (a file not strictly older than the marker).
+  struct LocalState {
+    int newer = 0, missing = 0;
+    bool torn = false;
+    bool any = false;
+  };
+  auto local_vs = [&](const std::vector<ManifestEntry>& base) -> StatusOr<LocalState> {
+    auto scan = ScanTree(o_.checkpoint_dir);
+    if (!scan.ok()) return scan.status();
+    std::map<std::string, const ManifestEntry*> had;
+    for (auto const& e : base) had[e.path] = &e;
+    LocalState ls;
+    ls.any = !scan->files.empty();
+    for (auto const& f : scan->files) {
+      auto it = had.find(f.rel);
+      if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) ++ls.newer;
+      if (scan->marker && f.st.mtime_ns >= scan->marker->mtime_ns) ls.torn = true;  // a tie may be the next save's O_TRUNC
+      if (it != had.end()) had.erase(it);
+    }
+    ls.missing = static_cast<int>(had.size());
+    return ls;
+  };
+
   ObjectInfo manifest_info;
   auto text = store_->ReadBytes(kManifest, &manifest_info, ctx);
   if (!text.ok()) {
     if (text.status().code() != StatusCode::kNotFound) return text.status();
-    restored_ = true;  // nothing to restore: a fresh run
+    restored_ = true;  // nothing in the bucket yet
     manifest_generation_ = 0;
+    sequence_ = 0;
+    commit_id_.clear();
     state_.clear();
+    // A restart before the first commit: what this disk holds is the only
+    // copy of the run's work. Keep it and resume from it.
+    if (record && record->last.commit_id.empty() && record->last.sequence == 0) {
+      auto ls = local_vs({});
+      if (!ls.ok()) return ls.status();
+      if (ls->any && !ls->torn) {
+        stats.resumed = true;
+        stats.kept_local = true;
+        stats.local_changes = ls->newer;
+      } else if (ls->any) {
+        stats.bucket_won = "the local checkpoint was cut off mid-save (files not older than the marker), and the bucket has none: "
+                           "the trainer starts from scratch";
+      }
+    }
+    stats.state_warning = RememberCommit(false);
     stats.seconds = Since(start, clock_);
     return stats;
   }
   auto m = ParseManifest(*text, store_->Describe() + "/" + kManifest, o_.checkpoint_dir);
   if (!m.ok()) return m.status();
 
-  // What this disk last committed or restored, if it is the same run.
-  std::optional<Manifest> record;
-  if (!o_.state_file.empty()) {
-    int fd = open(o_.state_file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      std::string data;
-      char buf[1 << 16];
-      for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) data.append(buf, static_cast<std::size_t>(n));
-      close(fd);
-      auto j = Json::parse(data, nullptr, false);
-      auto r = ParseManifest(data, o_.state_file, o_.checkpoint_dir);
-      // The record describes this very directory: same path, and not a new
-      // disk or a re-created directory at that path.
-      struct stat dst {};
-      bool same_dir = stat(o_.checkpoint_dir.c_str(), &dst) == 0 && GetString(j, "checkpoint_dir") == o_.checkpoint_dir &&
-                      GetInt(j, "dir_dev") == static_cast<std::int64_t>(dst.st_dev) &&
-                      GetInt(j, "dir_ino") == static_cast<std::int64_t>(dst.st_ino);
-      if (r.ok() && j.is_object() && GetString(j, "run_id") == o_.run_id && GetString(j, "store") == store_->Describe() &&
-          same_dir) {
-        auto gen = GetInt(j, "generation").value_or(-1);
-        bool same = !r->commit_id.empty() ? r->commit_id == m->commit_id : gen == manifest_info.generation;
-        if (same) {
-          record = std::move(*r);
-        } else {
-          stats.bucket_won = fmt::format("the bucket has commit #{} and this disk last saw #{}", m->sequence, r->sequence);
-        }
-      } else if (!r.ok()) {
-        stats.state_warning = "ignoring " + o_.state_file + ": " + r.status().message();
-      }
+  // Is the bucket's commit one this disk knows?
+  const Manifest* known = nullptr;
+  if (record) {
+    if (!m->commit_id.empty() && record->last.commit_id == m->commit_id) {
+      known = &record->last;
+    } else if (m->commit_id.empty() && record->last.commit_id.empty() && record->generation == manifest_info.generation) {
+      known = &record->last;
+    } else if (record->pending && record->pending->commit_id == m->commit_id) {
+      known = &*record->pending;  // committed just before this disk's spotvisor died
+    } else {
+      stats.bucket_won = fmt::format("the bucket has commit #{} and this disk last saw #{}", m->sequence, record->last.sequence);
     }
   }
 
@@ -513,39 +600,29 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     stats.sequence = sequence_;
   };
 
-  if (record) {
+  if (known) {
     // This disk holds that commit, perhaps with newer files: keep them,
     // unless the trainer's marker says its last save was cut off.
-    auto scan = ScanTree(o_.checkpoint_dir);
-    if (!scan.ok()) return scan.status();
-    std::map<std::string, const ManifestEntry*> had;
-    for (auto const& e : record->files) had[e.path] = &e;
-    int changes = 0, newer = 0;
-    bool torn = false;
-    for (auto const& f : scan->files) {
-      auto it = had.find(f.rel);
-      if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) ++newer;
-      if (scan->marker && f.st.mtime_ns > scan->marker->mtime_ns) torn = true;
-      if (it != had.end()) had.erase(it);
-    }
-    changes = newer + static_cast<int>(had.size());  // + deleted since (rotation)
+    auto ls = local_vs(known->files);
+    if (!ls.ok()) return ls.status();
     // Files only missing, nothing new: not newer work but lost files (a
     // cleaned disk); the bucket puts them back. Otherwise local wins.
-    if (!torn && (newer > 0 || changes == 0)) {
+    if (!ls->torn && (ls->newer > 0 || ls->missing == 0)) {
       FileMap files;
-      for (auto const& e : record->files) files[e.path] = Uploaded{e.size, e.mtime_ns, e.crc, e.object, e.generation};
+      for (auto const& e : known->files) files[e.path] = Uploaded{e.size, e.mtime_ns, e.crc, e.object, e.generation};
       adopt(std::move(files));
-      stats.kept_local = changes > 0;
-      stats.local_changes = changes;
+      stats.kept_local = ls->newer + ls->missing > 0;
+      stats.local_changes = ls->newer + ls->missing;
+      stats.state_warning = RememberCommit(m->marker);
       stats.seconds = Since(start, clock_);
       return stats;
     }
     stats.bucket_won =
-        torn ? fmt::format("the local checkpoint was cut off mid-save (files newer than {}): restoring commit #{} from "
-                           "the bucket",
-                           kCompleteMarker, m->sequence)
-             : fmt::format("{} file(s) of commit #{} are missing here and nothing is newer: restoring them from the bucket",
-                           had.size(), m->sequence);
+        ls->torn ? fmt::format("the local checkpoint was cut off mid-save (files not older than {}): restoring commit #{} "
+                               "from the bucket",
+                               kCompleteMarker, m->sequence)
+                 : fmt::format("{} file(s) of commit #{} are missing here and nothing is newer: restoring them from the bucket",
+                               ls->missing, m->sequence);
   }
 
   std::mutex stats_mu;
@@ -610,13 +687,17 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
   return stats;
 }
 
-std::string SyncEngine::RememberCommit(bool marker) {
+std::string SyncEngine::RememberCommit(bool marker, const Pending* pending) {
   if (o_.state_file.empty()) return "";
-  Json files = Json::array();
-  for (auto const& [path, u] : state_) {
-    files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},
-                     {"generation", u.generation}, {"mtime_ns", u.mtime_ns}});
-  }
+  auto list = [](const FileMap& m) {
+    Json files = Json::array();
+    for (auto const& [path, u] : m) {
+      files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},
+                       {"generation", u.generation}, {"mtime_ns", u.mtime_ns}});
+    }
+    return files;
+  };
+  Json files = list(state_);
   struct stat dst {};
   if (stat(o_.checkpoint_dir.c_str(), &dst) != 0) return "cannot remember the commit: " + Escaped(o_.checkpoint_dir) + " is gone";
   Json j = {{"version", 1},
@@ -630,6 +711,10 @@ std::string SyncEngine::RememberCommit(bool marker) {
             {"generation", manifest_generation_},
             {"marker", marker},
             {"files", files}};
+  if (pending) {
+    j["pending"] = {{"commit_id", pending->commit_id}, {"sequence", pending->sequence}, {"marker", pending->marker},
+                    {"files", list(pending->files)}};
+  }
   auto s = WriteFileAtomically(o_.state_file, Dump(j));
   return s.ok() ? "" : "could not remember the commit in " + o_.state_file + ": " + s.message();
 }
@@ -650,6 +735,12 @@ Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, co
                    {"marker", marker},
                    {"files", files}};
   std::string text = Dump(manifest, 1);
+  {
+    // Written ahead: if spotvisor dies with this commit in flight and it
+    // lands, the next start recognises it as this disk's own.
+    Pending ahead{id, seq, next, marker};
+    RememberCommit(marker_committed_, &ahead);
+  }
   auto adopt = [&](std::int64_t generation) {
     manifest_generation_ = generation;
     sequence_ = seq;
@@ -806,7 +897,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
           stats.settle_warning = fmt::format(
               "the last {} periodic syncs found {} mid-save ({}), so nothing newer than commit #{} is in the bucket. "
               "Touch {}/{} after each complete save (`spotvisor checkpoint --done`, or in Python "
-              "pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()), or save less often than "
+              "time.sleep(0.02); pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()), or save less often than "
               "sync-settle, or lower sync-settle",
               deferrals_, Escaped(root), j.why, sequence_, Escaped(root), kCompleteMarker);
         }
@@ -821,6 +912,15 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       return stats;
     }
     stats.judged_by = j.by;
+    if (scan.files.empty() && !state_.empty() && mode != Mode::kCompleted) {
+      // An empty checkpoint dir is not a checkpoint: never commit it over one.
+      stats.deferred = true;
+      stats.deferred_reason = "the checkpoint dir is empty";
+      stats.files_total = static_cast<int>(state_.size());
+      stats.sequence = sequence_;
+      stats.seconds = Since(start, clock_);
+      return stats;
+    }
     if (changed.empty() && !removed) {
       // The committed manifest already says all there is to say.
       deferrals_ = 0;
@@ -954,11 +1054,18 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
 }
 
 Status SyncEngine::WriteDone(int exit_code, const CallContext& ctx) {
+  std::lock_guard lk(mu_);
   if (auto f = Fenced(); !f.empty()) return FailedPreconditionError(f);
   Json done = {{"exit_code", exit_code}, {"time", FormatRfc3339(clock_.WallNow())}, {"instance", o_.instance},
                {"run_id", o_.run_id}, {"sequence", sequence_}, {"commit_id", commit_id_}};
   auto r = store_->UploadBytes(kDone, Dump(done) + "\n", {}, ctx);
-  return r.ok() ? OkStatus() : r.status();
+  if (!r.ok()) return r.status();
+  // The run is over and no VM trains it again: every object the final
+  // manifest does not name is garbage, whatever its sequence (uploads of
+  // syncs cut off by a kill, before or after the last commit).
+  SyncStats ignored;
+  CollectGarbage(std::numeric_limits<std::int64_t>::max(), ctx, ignored);
+  return OkStatus();
 }
 
 }  // namespace spotvisor

@@ -150,7 +150,9 @@ class SyncEngine {
 
   Status Commit(std::int64_t seq, const FileMap& next, bool marker, const CallContext& ctx);
   void CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncStats& stats);
-  std::string RememberCommit(bool marker);
+  struct Pending;
+  // Writes state_file; `pending`: a commit about to be made (written ahead).
+  std::string RememberCommit(bool marker, const Pending* pending = nullptr);
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;

@@ -849,5 +849,94 @@ TEST_CASE("a cancelled sync (the final sync needs the lock) returns at once, as 
   CHECK_FALSE(fs::exists(d.bucket + "/run1/manifest.json"));
 }
 
+TEST_CASE("a file as new as the marker (the same clock tick) is not taken as complete by the marker") {
+  Dirs d;
+  FakeClock clock;
+  ClockSleeper sleeper(clock);
+  auto o = Options(d.ckpt);
+  o.sleeper = &sleeper;
+  o.check_open_files = false;
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/model.pt", "save 1");
+  REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+  REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  // The next save's O_TRUNC lands in the marker's tick, then the trainer is killed.
+  Write(d.ckpt + "/model.pt", "");
+  struct stat mk {};
+  REQUIRE(stat((d.ckpt + "/" + kCompleteMarker).c_str(), &mk) == 0);
+  timespec ts[2] = {mk.st_mtim, mk.st_mtim};
+  REQUIRE(utimensat(AT_FDCWD, (d.ckpt + "/model.pt").c_str(), ts, 0) == 0);
+  auto killed = e.Sync(SyncKind::kStopped);
+  REQUIRE(killed.ok());
+  CHECK(killed->deferred);
+  CHECK(killed->deferred_reason.find("same clock tick") != std::string::npos);
+  CheckRestores(d, clock, {{"model.pt", "save 1"}});
+  // While the trainer runs, a tie counts only once the tree has settled.
+  auto running = e.Sync(SyncKind::kPeriodic);
+  REQUIRE(running.ok());
+  CHECK(running->deferred);
+}
+
+TEST_CASE("a restart before the first commit keeps the disk's work and resumes from it") {
+  Dirs d;
+  FakeClock clock;
+  auto o = Options(d.ckpt);
+  o.state_file = d.root + "/state.json";
+  {
+    SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->resumed);
+  }
+  Write(d.ckpt + "/latest.ckpt", "step 1, never synced");  // then spotvisor died
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  auto r = e.Restore();
+  REQUIRE(r.ok());
+  CHECK(r->resumed);
+  CHECK(r->kept_local);
+  REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  CheckRestores(d, clock, {{"latest.ckpt", "step 1, never synced"}});
+}
+
+TEST_CASE("a commit that landed after spotvisor died is recognised as this disk's own (written ahead)") {
+  Dirs d;
+  FakeClock clock;
+  auto o = Options(d.ckpt);
+  o.state_file = d.root + "/state.json";
+  {
+    auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+    auto* h = hook.get();
+    SyncEngine e(std::move(hook), o, clock);
+    REQUIRE(e.Restore().ok());
+    Write(d.ckpt + "/latest.ckpt", "step 2");
+    h->manifest_answer = [] { return UnavailableError("spotvisor was killed before the answer"); };
+    CHECK_FALSE(e.Sync(SyncKind::kCompleted).ok());  // landed; nobody heard
+  }
+  Write(d.ckpt + "/latest.ckpt", "step 3, newer than the bucket");
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  auto r = e.Restore();
+  REQUIRE(r.ok());
+  CHECK(r->kept_local);
+  CHECK(Read(d.ckpt + "/latest.ckpt") == "step 3, newer than the bucket");
+}
+
+TEST_CASE("DONE collects every object the final manifest does not name; an empty dir is never committed") {
+  Dirs d;
+  FakeClock clock;
+  auto e = Engine(d, clock);
+  REQUIRE(e.Restore().ok());
+  Write(d.ckpt + "/m", "1");
+  REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  Write(d.bucket + "/run1/checkpoints/m~9.aaaaaaaaaaaaaaaa", "a sync cut off after the last commit");
+  fs::remove(d.ckpt + "/m");
+  auto empty = e.Sync(SyncKind::kStopped);
+  REQUIRE(empty.ok());
+  CHECK(empty->deferred);
+  CheckRestores(d, clock, {{"m", "1"}});
+  REQUIRE(e.WriteDone(0).ok());
+  CHECK(Objects(d).size() == 1);
+}
+
 }  // namespace
 }  // namespace spotvisor
