@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <csignal>
 
@@ -765,13 +766,15 @@ void Supervisor::AbandonOnExit() {
 }
 
 // The last resort when nothing else powered the VM off. Only as the
-// service (`spotvisor daemon`): `spotvisor run` on someone's machine never
-// halts it by force.
+// systemd service on the VM (`spotvisor daemon` with systemd's
+// INVOCATION_ID): `spotvisor run`, or a daemon started by hand on someone's
+// machine, never halts it by force.
 void Supervisor::ForcePoweroff() {
-  if (options_.mode != "daemon") {
+  const char* invocation = std::getenv("INVOCATION_ID");
+  if (options_.mode != "daemon" || invocation == nullptr || *invocation == '\0') {
     logger_.Error("shutdown.not_forced",
-                  "spotvisor run does not power the machine off by force: it keeps running (the forced power-off is for the "
-                  "daemon on a VM)");
+                  "not powering the machine off by force: that is only done by spotvisor daemon running as the systemd "
+                  "service; the machine keeps running");
     return;
   }
   logger_.Flush(std::chrono::seconds(2));
