@@ -369,7 +369,14 @@ Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOpti
       ties += e.st.mtime_ns == scan.marker->mtime_ns;
     }
     if (newer == 0 && ties == 0) return {true, "marker", ""};
-    if (newer == 0 && mode == Mode::kPeriodic && age >= settle) return {true, "settle", ""};
+    // A tie is settled only after sync-settle and at least 2 s (a zero
+    // sync-settle must not turn every tie into a commit) with nothing open
+    // for writing.
+    auto floor = std::max<std::int64_t>(settle, 2'000'000'000);
+    if (newer == 0 && mode == Mode::kPeriodic && age >= floor &&
+        (!o.check_open_files || !AnyFileOpenForWriting(o.checkpoint_dir))) {
+      return {true, "settle", ""};
+    }
     if (newer > 0) {
       return {false, "", fmt::format("{} file(s) are newer than {}: the trainer is writing a checkpoint", newer, kCompleteMarker)};
     }
