@@ -35,6 +35,9 @@ constexpr char kDone[] = "DONE";
 // bucket prefix, the run-id, "checkpoints/" and "~SEQ.NONCE".
 constexpr std::size_t kMaxRelPath = 900;
 constexpr int kMaxDepth = 64;
+// File times advance in ticks of at most 10 ms; within one tick below the
+// marker, a file may have been written before it or after it.
+constexpr std::int64_t kTickNs = 10'000'000;
 
 std::string Escaped(const std::string& s) { return output::EscapeInvalidUtf8(s); }
 
@@ -363,10 +366,14 @@ Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOpti
     // next save's O_TRUNC). Only strictly older files are complete by the
     // marker; a tie counts once the tree has settled, and never for a
     // trainer that was killed (its last save may be the torn one).
+    // A coarse timestamp may lag a fine-grained one handed out just before
+    // it (multigrain timestamps, Linux 6.13+): a truncation after the marker
+    // can be stamped up to a tick *before* it. So "as new" is a window of
+    // one tick (10 ms) below the marker, not equality.
     int newer = 0, ties = 0;
     for (auto const& e : scan.files) {
       newer += e.st.mtime_ns > scan.marker->mtime_ns;
-      ties += e.st.mtime_ns == scan.marker->mtime_ns;
+      ties += e.st.mtime_ns <= scan.marker->mtime_ns && e.st.mtime_ns > scan.marker->mtime_ns - kTickNs;
     }
     if (newer == 0 && ties == 0) return {true, "marker", ""};
     // A tie is settled only after sync-settle and at least 2 s (a zero
@@ -407,15 +414,11 @@ std::string UnstorableReason(const std::string& rel) {
 }
 
 Status MarkCheckpointComplete(const std::string& checkpoint_dir) {
-  // Wait for the clock that stamps files to tick over, so the marker is
-  // strictly newer than every file written before this call.
-  timespec t0 {}, t {};
-  clock_gettime(CLOCK_REALTIME_COARSE, &t0);
-  for (int i = 0; i < 100; ++i) {
-    timespec ms{0, 1'000'000};
-    nanosleep(&ms, nullptr);
-    clock_gettime(CLOCK_REALTIME_COARSE, &t);
-    if (t.tv_sec != t0.tv_sec || t.tv_nsec != t0.tv_nsec) break;
+  // Two ticks of the clock that stamps files, so the marker is newer than
+  // every file written before this call by more than the one-tick window
+  // in which the order cannot be told.
+  timespec wait{0, 2 * kTickNs};
+  while (nanosleep(&wait, &wait) != 0 && errno == EINTR) {
   }
   auto path = checkpoint_dir + "/" + kCompleteMarker;
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -544,7 +547,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     for (auto const& f : scan->files) {
       auto it = had.find(f.rel);
       if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) ++ls.newer;
-      if (scan->marker && f.st.mtime_ns >= scan->marker->mtime_ns) ls.torn = true;  // a tie may be the next save's O_TRUNC
+      if (scan->marker && f.st.mtime_ns > scan->marker->mtime_ns - kTickNs) ls.torn = true;  // a tie may be the next save's O_TRUNC
       if (it != had.end()) had.erase(it);
     }
     ls.missing = static_cast<int>(had.size());
