@@ -421,7 +421,7 @@ void Supervisor::StartRestore() {
         logger_.Log(LogEvent{Severity::kNotice, "run.already_done",
                              fmt::format("{} has a DONE marker: this run already finished; not training again",
                                          options_.sync->Describe()),
-                             {{"marker", r->done_marker}}});
+                             {{"marker", r->done_marker}, {"garbage_deleted", r->garbage_deleted}}});
       } else if (r->kept_local) {
         logger_.Log(LogEvent{Severity::kNotice, "restore.kept_local",
                              fmt::format("{} file(s) in {} changed since commit #{}, which this disk already holds: keeping "

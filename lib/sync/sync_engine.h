@@ -28,6 +28,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -79,6 +80,10 @@ struct SyncOptions {
   int warn_after_deferrals = 3;
   // Tests only switch this off to prove the open-for-writing check matters.
   bool check_open_files = true;
+  // After DONE, when an upload of this process was abandoned (its answer
+  // never came, so the store may apply it late): wait this long and collect
+  // once more. Bounded by the context's deadline.
+  std::chrono::milliseconds late_collection{2000};
 };
 
 struct SyncStats {
@@ -108,6 +113,7 @@ struct SyncStats {
 struct RestoreStats {
   bool done = false;        // a DONE marker exists: do not train again
   nlohmann::json done_marker;
+  int garbage_deleted = 0;  // with done: objects the final manifest does not name, deleted now
   bool resumed = false;     // a manifest was found and restored (or kept locally)
   bool kept_local = false;  // the local files are newer than the bucket's commit: kept
   int local_changes = 0;    // with kept_local: files changed since that commit
@@ -150,6 +156,10 @@ class SyncEngine {
 
   Status Commit(std::int64_t seq, const FileMap& next, bool marker, const CallContext& ctx);
   void CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncStats& stats);
+  // After DONE: every object the final manifest (read back from the store)
+  // does not name is garbage. Run by a boot that finds DONE (mu_ held), so
+  // uploads that landed after the finishing VM's collection do not stay.
+  int CollectAfterDone(const CallContext& ctx);
   struct Pending;
   // Writes state_file; `pending`: a commit about to be made (written ahead).
   std::string RememberCommit(bool marker, const Pending* pending = nullptr);
@@ -173,6 +183,9 @@ class SyncEngine {
     bool marker = false;
   };
   std::optional<Pending> pending_;
+  // Uploads whose answer never came (cancelled, timed out, reset): the
+  // store may still apply them later, under a name no manifest holds.
+  std::atomic<int> abandoned_uploads_{0};
   mutable std::mutex fence_mu_;
   std::string fenced_;
   std::set<std::string> warned_names_;

@@ -93,7 +93,11 @@ class HookStore final : public ObjectStore {
   StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, const CallContext& c) override {
     return inner_->DownloadToFile(n, p, c);
   }
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& p, const CallContext& c) override { return inner_->List(p, c); }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& p, const CallContext& c) override {
+    auto r = inner_->List(p, c);
+    if (after_list) after_list();
+    return r;
+  }
   Status Delete(const std::string& n, const Precondition& pre, const CallContext& c) override {
     ++deletes;
     return inner_->Delete(n, pre, c);
@@ -103,6 +107,7 @@ class HookStore final : public ObjectStore {
 
   std::function<void(const std::string&)> before_upload;
   std::function<Status()> manifest_answer;
+  std::function<void()> after_list;  // e.g. a late upload landing just after a listing
   bool block_uploads = false;
   int uploads = 0, deletes = 0;
   std::vector<std::string> names;
@@ -948,6 +953,62 @@ TEST_CASE("DONE collects every object the final manifest does not name; an empty
   CheckRestores(d, clock, {{"m", "1"}});
   REQUIRE(e.WriteDone(0).ok());
   CHECK(Objects(d).size() == 1);
+}
+
+TEST_CASE("an abandoned upload that lands after DONE's collection is collected by a second pass, or by a boot that finds DONE") {
+  // Soak seed 5111: a periodic sync's upload is cut off (no answer), the
+  // store applies it anyway, after the finishing VM has listed the bucket.
+  for (bool second_pass : {true, false}) {
+    CAPTURE(second_pass);
+    Dirs d;
+    FakeClock clock;
+    auto o = Options(d.ckpt);
+    o.late_collection = second_pass ? std::chrono::milliseconds(1) : std::chrono::milliseconds(0);
+    auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+    auto* h = hook.get();
+    SyncEngine e(std::move(hook), o, clock);
+    REQUIRE(e.Restore().ok());
+    Write(d.ckpt + "/m", "1");
+    Age(d.ckpt + "/m", clock, std::chrono::seconds(60));
+    REQUIRE(e.Sync(SyncKind::kPeriodic).ok());
+    Write(d.ckpt + "/m", "22");
+    Age(d.ckpt + "/m", clock, std::chrono::seconds(60));
+    std::string late;
+    CallContext ctx;
+    ctx.cancel = std::make_shared<CancelSource>();
+    h->before_upload = [&](const std::string& name) {
+      late = name;
+      ctx.cancel->Cancel();  // the final sync cuts the periodic one off mid-upload
+    };
+    h->block_uploads = true;  // the answer never comes
+    CHECK_FALSE(e.Sync(SyncKind::kPeriodic, ctx).ok());
+    REQUIRE_FALSE(late.empty());
+    h->block_uploads = false;
+    h->before_upload = nullptr;
+    REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+    int lists = 0;
+    h->after_list = [&] {
+      if (++lists == 1) Write(d.bucket + "/run1/" + late, "22");  // lands just after the first listing
+    };
+    REQUIRE(e.WriteDone(0).ok());
+    h->after_list = nullptr;
+    if (second_pass) {
+      CHECK(lists == 2);
+      CHECK(Objects(d).size() == 1);
+    } else {
+      CHECK(Objects(d).size() == 2);  // the orphan stays until a boot finds DONE
+      SyncEngine next(MakeFileObjectStore(d.bucket + "/run1"), Options(d.root + "/other", "vm-b"), clock);
+      auto r = next.Restore();
+      REQUIRE(r.ok());
+      CHECK(r->done);
+      CHECK(r->garbage_deleted == 1);
+      CHECK(Objects(d).size() == 1);
+    }
+    auto left = Objects(d);
+    REQUIRE(left.size() == 1);
+    CHECK(left[0] != late.substr(std::string("checkpoints/").size()));
+    CHECK(Read(d.bucket + "/run1/checkpoints/" + left[0]) == "22");
+  }
 }
 
 }  // namespace
