@@ -76,356 +76,710 @@ const char* EndReasonName(EndReason r) {
   return "?";
 }
 
+const char* StateName(State s) {
+  switch (s) {
+    case State::kStarting: return "starting";
+    case State::kMounting: return "mounting";
+    case State::kMountsCancelled: return "mounting/cancelled";
+    case State::kRestoring: return "restoring";
+    case State::kRestoreCancelled: return "restoring/cancelled";
+    case State::kRunning: return "running";
+    case State::kStoppingInt: return "stopping/SIGINT";
+    case State::kStoppingTerm: return "stopping/SIGTERM";
+    case State::kStoppingKill: return "stopping/SIGKILL";
+    case State::kDrainingTerm: return "draining/SIGTERM";
+    case State::kDrainingKill: return "draining/SIGKILL";
+    case State::kRestartingSyncDelay: return "restarting/sync+delay";
+    case State::kRestartingDelay: return "restarting/delay";
+    case State::kRestartingSync: return "restarting/sync";
+    case State::kSyncing: return "syncing";
+    case State::kSyncCancelled: return "syncing/cancelled";
+    case State::kHolding: return "holding";
+    case State::kUnmounting: return "unmounting";
+    case State::kFinishing: return "finishing";
+    case State::kPoweringOff: return "powering-off";
+    case State::kDone: return "done";
+  }
+  return "?";
+}
+
+Phase PhaseOf(State s) {
+  switch (s) {
+    case State::kStarting: return Phase::kStarting;
+    case State::kMounting:
+    case State::kMountsCancelled: return Phase::kMounting;
+    case State::kRestoring:
+    case State::kRestoreCancelled: return Phase::kRestoring;
+    case State::kRunning: return Phase::kRunning;
+    case State::kStoppingInt:
+    case State::kStoppingTerm:
+    case State::kStoppingKill: return Phase::kStopping;
+    case State::kDrainingTerm:
+    case State::kDrainingKill: return Phase::kDraining;
+    case State::kRestartingSyncDelay:
+    case State::kRestartingDelay:
+    case State::kRestartingSync: return Phase::kRestarting;
+    case State::kSyncing:
+    case State::kSyncCancelled: return Phase::kSyncing;
+    case State::kHolding: return Phase::kHolding;
+    case State::kUnmounting: return Phase::kUnmounting;
+    case State::kFinishing: return Phase::kFinishing;
+    case State::kPoweringOff: return Phase::kPoweringOff;
+    case State::kDone: return Phase::kDone;
+  }
+  return Phase::kDone;
+}
+
 void StateMachine::Log(Severity s, const char* event, std::string message, nlohmann::json fields) {
   if (emit_) emit_(LogEvent{s, event, std::move(message), std::move(fields)});
 }
 
-void StateMachine::EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline,
-                              const std::string& why) {
-  Phase from = phase_;
-  phase_ = p;
-  deadline_ = deadline ? std::optional<SteadyTime>(now + *deadline) : std::nullopt;
-  nlohmann::json f = {{"from", PhaseName(from)}, {"to", PhaseName(p)}, {"why", why}};
-  if (deadline) f["deadline_s"] = std::chrono::duration<double>(*deadline).count();
-  Log(Severity::kInfo, "supervisor.state", fmt::format("{} -> {}: {}", PhaseName(from), PhaseName(p), why), f);
+// ---------------------------------------------------------------- the table
+
+namespace {
+
+using StateSet = std::uint32_t;
+static_assert(kStateCount <= 32);
+constexpr StateSet Bit(State s) { return StateSet{1} << static_cast<int>(s); }
+template <class... S>
+constexpr StateSet In(S... s) { return (Bit(s) | ...); }
+constexpr StateSet kAnyState = (StateSet{1} << kStateCount) - 1;
+constexpr StateSet kStopping = In(State::kStoppingInt, State::kStoppingTerm, State::kStoppingKill);
+constexpr StateSet kDraining = In(State::kDrainingTerm, State::kDrainingKill);
+constexpr StateSet kRestarting = In(State::kRestartingSyncDelay, State::kRestartingDelay, State::kRestartingSync);
+// Before the trainer: where it may be spawned from.
+constexpr StateSet kSpawnable = In(State::kStarting, State::kMounting, State::kRestoring) | kRestarting;
+
+// Names of the events, in the order of the Event variant.
+constexpr const char* kEventNames[] = {"StartEvent",      "TrainerSpawned",  "TrainerSpawnFailed", "TrainerExited",
+                                       "GroupEmpty",      "PreemptionNotice", "MaintenanceNotice", "StopSignal",
+                                       "LeftoversGone",   "OnExitDone",      "DeadlineReached",    "RestoreDone",
+                                       "SyncDone",        "Release",         "IdleTimeout",        "MountsDone",
+                                       "UnmountsDone"};
+static_assert(std::size(kEventNames) == std::variant_size_v<Event>);
+
+template <class E>
+std::size_t EventIndex() {
+  return Event(std::in_place_type<E>).index();
+}
+
+// A mounting or restoring worker told to stop gets this long to return.
+constexpr std::chrono::milliseconds kCancelGrace{10'000};
+
+bool Terminates(const MaintenanceNotice& e) { return e.value == "TERMINATE_ON_HOST_MAINTENANCE"; }
+
+}  // namespace
+
+struct StateMachine::Row {
+  StateSet states;
+  std::size_t event;
+  // Notes hold in every state and run before the state's own row.
+  bool note;
+  std::function<void(StateMachine&, const Event&, SteadyTime, std::vector<Action>&)> fn;
+  const char* does;
+};
+
+namespace {
+template <class E, class F>
+auto Rule(F f) {
+  return [f](StateMachine& m, const Event& e, SteadyTime now, std::vector<Action>& out) { f(m, std::get<E>(e), now, out); };
+}
+}  // namespace
+
+// Rows are matched in order: every note for the event, then the first row
+// whose states hold the current state. An event no row takes is ignored.
+const std::vector<StateMachine::Row>& StateMachine::Table() {
+  using S = State;
+  using Out = std::vector<Action>;
+  using M = StateMachine;
+  static const std::vector<Row> rows = [] {
+    std::vector<Row> t;
+    auto on = [&t](StateSet states, auto tag, const char* does, auto f) {
+      using E = typename decltype(tag)::type;
+      t.push_back(Row{states, EventIndex<E>(), false, Rule<E>(f), does});
+    };
+    auto note = [&t](auto tag, const char* does, auto f) {
+      using E = typename decltype(tag)::type;
+      t.push_back(Row{kAnyState, EventIndex<E>(), true, Rule<E>(f), does});
+    };
+    auto start = std::type_identity<StartEvent>{};
+    auto mounts = std::type_identity<MountsDone>{};
+    auto unmounts = std::type_identity<UnmountsDone>{};
+    auto restored = std::type_identity<RestoreDone>{};
+    auto spawned = std::type_identity<TrainerSpawned>{};
+    auto spawn_failed = std::type_identity<TrainerSpawnFailed>{};
+    auto exited = std::type_identity<TrainerExited>{};
+    auto group_empty = std::type_identity<GroupEmpty>{};
+    auto preempted = std::type_identity<PreemptionNotice>{};
+    auto maintenance = std::type_identity<MaintenanceNotice>{};
+    auto signal = std::type_identity<StopSignal>{};
+    auto idle = std::type_identity<IdleTimeout>{};
+    auto release = std::type_identity<Release>{};
+    auto leftovers = std::type_identity<LeftoversGone>{};
+    auto synced = std::type_identity<SyncDone>{};
+    auto on_exit = std::type_identity<OnExitDone>{};
+    auto deadline = std::type_identity<DeadlineReached>{};
+
+    // Notes: facts that hold whatever the state.
+    note(preempted, "remember the preemption (no on-exit, no restart) and when the power button comes; log `preemption.detected`",
+         [](M& m, const PreemptionNotice&, SteadyTime now, Out&) { m.NotePreemption(now); });
+    note(signal, "remember the stop (no on-exit; a second one shortens what is left); log `signal.received`",
+         [](M& m, const StopSignal& e, SteadyTime now, Out&) { m.NoteStopSignal(e, now); });
+    note(maintenance, "log `maintenance.detected` (TERMINATE_ON_HOST_MAINTENANCE) or `maintenance.event` (anything else: ignored)",
+         [](M& m, const MaintenanceNotice& e, SteadyTime, Out&) {
+           if (Terminates(e)) return;
+           m.Log(Severity::kInfo, "maintenance.event", fmt::format("maintenance-event is {}", e.value), {{"value", e.value}});
+         });
+
+    // Starting and mounting.
+    on(In(S::kStarting), start,
+       "`preempted` already TRUE or TERMINATE maintenance: the run ends without a trainer (exit 75); "
+       "mounts configured → `mounting`; a `bucket` → `restoring`; else spawn the trainer",
+       [](M& m, const StartEvent& e, SteadyTime now, Out& out) { m.OnStart(e, now, out); });
+    on(In(S::kStarting), signal, "the run ends (`stopped`, exit 128+signal) without a trainer",
+       [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kStopped;
+         m.exit_code_ = 128 + e.signo;
+         m.Finish(now, out);
+       });
+    on(In(S::kMounting, S::kMountsCancelled), mounts,
+       "failed: `mount.failed`, the run ends `mount-failed` (exit 72); a preemption, maintenance or stop meanwhile: "
+       "the run ends without a trainer; else `restoring` with a `bucket`, or spawn the trainer",
+       [](M& m, const MountsDone& e, SteadyTime now, Out& out) { m.OnMountsDone(e, now, out); });
+    on(In(S::kMounting), deadline,
+       "`mount.failed` (mount-timeout): cancel the mount worker → `mounting/cancelled`; the run ends `mount-failed` (exit 72)",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         if (!m.reason_) {
+           m.reason_ = EndReason::kMountFailed;
+           m.exit_code_ = kExitMountFailed;
+         }
+         std::string error = fmt::format("mounting did not finish within {}", FormatDuration(m.options_.mount_timeout));
+         m.Log(Severity::kError, "mount.failed", error + "; not starting the trainer", {{"error", error}});
+         out.push_back(CancelMounts{});
+         m.Transition(S::kMountsCancelled, now, "cancelling the mounts");
+       });
+    on(In(S::kMountsCancelled), deadline,
+       "`mount.stuck`: the worker did not return; what it mounted cannot be known, so the run ends without unmounting",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "mount.stuck", "the mount step did not return after being cancelled; finishing without unmounting");
+         m.mounts_active_ = false;
+         m.Finish(now, out);
+       });
+
+    // Restoring.
+    on(In(S::kRestoring, S::kRestoreCancelled), restored,
+       "failed: the run ends `restore-failed` (exit 74: never start from scratch over a newer checkpoint); "
+       "a DONE marker: `already-done`; stopped or preempted meanwhile: the run ends without a trainer; else spawn the trainer",
+       [](M& m, const RestoreDone& e, SteadyTime now, Out& out) { m.OnRestoreDone(e, now, out); });
+    on(In(S::kRestoring), deadline, "`restore.failed` (restore did not finish in time): the run ends `restore-failed` (exit 74)",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kRestoreFailed;
+         m.exit_code_ = kExitRestoreFailed;
+         m.Log(Severity::kError, "restore.failed", "restore did not finish in time; not starting the trainer");
+         m.Finish(now, out);
+       });
+    on(In(S::kRestoreCancelled), deadline, "`restore.stuck`: the cancelled restore did not return; the run ends anyway",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "restore.stuck", "the restore did not return after being cancelled; finishing without it");
+         m.Finish(now, out);
+       });
+    on(In(S::kMounting, S::kRestoring), preempted,
+       "the run ends without a trainer (exit 75): cancel the downloads → `restoring/cancelled`, or the mounts → "
+       "`mounting/cancelled`",
+       [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) {
+         if (m.reason_) return;
+         m.reason_ = EndReason::kPreempted;
+         m.exit_code_ = kExitPreemptedBeforeStart;  // also if the cancelled step never returns
+         m.CutShortBeforeTrainer(now, out);
+       });
+    on(In(S::kMounting, S::kRestoring), maintenance,
+       "TERMINATE: the trainer will not be started (exit 75) once the step in progress returns",
+       [](M& m, const MaintenanceNotice& e, SteadyTime, Out&) {
+         if (Terminates(e) && !m.reason_) m.reason_ = EndReason::kMaintenance;
+       });
+    on(In(S::kMounting, S::kRestoring), signal,
+       "the run ends (`stopped`, exit 128+signal) without a trainer: cancel the downloads or the mounts at once",
+       [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kStopped;
+         m.exit_code_ = 128 + e.signo;
+         m.CutShortBeforeTrainer(now, out);
+       });
+
+    // The trainer starts.
+    on(kSpawnable, spawned, "→ `running`",
+       [](M& m, const TrainerSpawned& e, SteadyTime now, Out&) { m.OnSpawned(e, now); });
+    on(kSpawnable, spawn_failed, "`trainer.start_failed`: the run ends `failed` (126 or 127)",
+       [](M& m, const TrainerSpawnFailed& e, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kFailed;
+         m.exit_code_ = e.exit_code;
+         m.Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
+         m.Finish(now, out);
+       });
+
+    // Running.
+    on(In(S::kRunning) | kStopping, exited,
+       "the run's exit code is the trainer's; → `draining` (in `stopping`, only once its whole process group is gone)",
+       [](M& m, const TrainerExited& e, SteadyTime now, Out& out) { m.OnTrainerExited(e, now, out); });
+    on(In(S::kRunning), preempted,
+       "SIGINT to the trainer's group → `stopping/SIGINT`; with `preemption-stop-lead`: sync now, stop at the lead time",
+       [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) {
+         if (m.options_.preemption_stop_lead.count() > 0) {
+           m.ScheduleStop(EndReason::kPreempted, m.options_.preemption_stop_lead, now, out);
+         } else {
+           m.BeginStop(EndReason::kPreempted, now, out);
+         }
+       });
+    on(In(S::kRunning), maintenance,
+       "TERMINATE: SIGINT to the trainer's group → `stopping/SIGINT`; with `maintenance-stop-lead`: sync now, stop at the lead time",
+       [](M& m, const MaintenanceNotice& e, SteadyTime now, Out& out) {
+         if (Terminates(e)) m.OnMaintenanceRunning(now, out);
+       });
+    on(In(S::kRunning), signal, "SIGINT to the trainer's group → `stopping/SIGINT` (`stopped`)",
+       [](M& m, const StopSignal&, SteadyTime now, Out& out) { m.BeginStop(EndReason::kStopped, now, out); });
+    on(In(S::kRunning), idle, "`idle.detected`: SIGINT to the trainer's group → `stopping/SIGINT` (`idle`)",
+       [](M& m, const IdleTimeout& e, SteadyTime now, Out& out) {
+         m.Log(Severity::kWarning, "idle.detected",
+               fmt::format("the trainer has been idle for {}: ending the run", FormatDuration(e.idle)),
+               {{"idle_s", std::chrono::duration<double>(e.idle).count()}});
+         m.BeginStop(EndReason::kIdle, now, out);
+       });
+    on(In(S::kRunning), deadline,
+       "the stop time of a notice with a lead, or `max-runtime` (`run.max_runtime`): SIGINT → `stopping/SIGINT`",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.OnRunningDeadline(now, out); });
+
+    // Stopping: the ladder for the trainer's whole process group.
+    on(kStopping, group_empty, "the group leader had exited: → `draining/SIGTERM`",
+       [](M& m, const GroupEmpty&, SteadyTime now, Out& out) {
+         if (m.leader_exited_) m.BeginDraining(now, out);
+       });
+    on(kStopping | kDraining, preempted, "a stop by signal was the power button: the run ends `preempted`",
+       [](M& m, const PreemptionNotice&, SteadyTime, Out&) {
+         if (m.reason_ == EndReason::kStopped) m.reason_ = EndReason::kPreempted;
+       });
+    on(kStopping, signal,
+       "the first one is logged (`signal.ignored`: GCE's power button comes with the preemption); a second one skips "
+       "to the next rung",
+       [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
+         if (m.stop_signals_ > 1) {
+           m.Escalate(now, out, "asked again to stop");
+         } else {
+           m.Log(Severity::kInfo, "signal.ignored",
+                 fmt::format("already stopping the trainer ({}): the stop ladder goes on as scheduled", EndReasonName(*m.reason_)),
+                 {{"signal", SignalName(e.signo)}});
+         }
+       });
+    on(In(S::kStoppingInt, S::kStoppingTerm), deadline, "the next signal: SIGTERM → `stopping/SIGTERM`, SIGKILL → `stopping/SIGKILL`",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Escalate(now, out,
+                    fmt::format("trainer still running after {}",
+                                FormatDuration(m.state_ == S::kStoppingInt ? m.options_.stop_timeout : m.options_.kill_timeout)));
+       });
+    on(In(S::kStoppingKill), deadline, "`trainer.unkillable` (stuck in the kernel): the run ends anyway",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.Escalate(now, out, "still running after SIGKILL"); });
+
+    // Draining: what the trainer left running.
+    on(kDraining, leftovers,
+       "a failed trainer that `restart = on-failure` allows → `restarting`; else the final sync (`syncing`) with a "
+       "`bucket`, or the run ends",
+       [](M& m, const LeftoversGone&, SteadyTime now, Out& out) { m.AfterDraining(now, out); });
+    on(In(S::kDrainingTerm), deadline, "SIGKILL to the leftovers → `draining/SIGKILL`",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         out.push_back(SignalLeftovers{SIGKILL});
+         m.Transition(S::kDrainingKill, now, "leftover processes ignored SIGTERM: SIGKILL");
+       });
+    on(In(S::kDrainingKill), deadline, "`trainer.leftovers` (they survive SIGKILL): go on as if they were gone",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
+         m.AfterDraining(now, out);
+       });
+
+    // Restarting.
+    on(In(S::kRestartingSyncDelay), synced, "the restart's sync is over → `restarting/delay`",
+       [](M& m, const SyncDone& e, SteadyTime now, Out&) {
+         if (!e.final) m.Transition(S::kRestartingDelay, now, "synced; waiting for restart-delay");
+       });
+    on(In(S::kRestartingSync), synced, "the restart's sync is over: spawn the trainer again",
+       [](M& m, const SyncDone& e, SteadyTime, Out& out) {
+         if (!e.final) out.push_back(SpawnTrainer{/*resumed=*/true, m.restarts_});
+       });
+    on(kRestarting, deadline,
+       "`max-runtime` reached: no restart, the final sync or the end; else restart-delay is over: spawn the trainer, "
+       "or → `restarting/sync` while its sync runs",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.OnRestartDeadline(now, out); });
+    on(kRestarting, preempted, "no restart: the final sync (`syncing`) with a `bucket`, or the run ends",
+       [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) { m.StopFromIdle(EndReason::kPreempted, now, out); });
+    on(kRestarting, maintenance, "TERMINATE: no restart: the final sync (`syncing`) with a `bucket`, or the run ends",
+       [](M& m, const MaintenanceNotice& e, SteadyTime now, Out& out) {
+         if (Terminates(e)) m.StopFromIdle(EndReason::kMaintenance, now, out);
+       });
+    on(kRestarting, signal, "no restart: the final sync (`syncing`) with a `bucket`, or the run ends",
+       [](M& m, const StopSignal&, SteadyTime now, Out& out) { m.StopFromIdle(EndReason::kStopped, now, out); });
+
+    // The final sync.
+    on(In(S::kSyncing, S::kSyncCancelled), synced,
+       "the run ends (a trainer that exited 0 but whose sync failed: exit 73)",
+       [](M& m, const SyncDone& e, SteadyTime now, Out& out) {
+         if (!e.final) return;
+         if (!e.ok && *m.reason_ == EndReason::kCompleted) m.exit_code_ = kExitSyncFailed;
+         m.Finish(now, out);
+       });
+    on(In(S::kSyncing), signal,
+       "the first one is logged only (this is the sync the Spot window is for); a second one cancels it "
+       "(`sync.cancelled`) → `syncing/cancelled`",
+       [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
+         if (m.stop_signals_ < 2) return;
+         m.Log(Severity::kWarning, "sync.cancelled", "asked again to stop: the final sync ends now", {{"signal", SignalName(e.signo)}});
+         out.push_back(CancelFinalSync{});
+         m.Transition(S::kSyncCancelled, now, "the final sync was cancelled");
+       });
+    on(In(S::kSyncing, S::kSyncCancelled), deadline,
+       "`sync.timeout`: the run ends without it (a trainer that exited 0: exit 73)",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "sync.timeout",
+               m.state_ == S::kSyncing ? "the final sync did not finish in time; finishing without it"
+                                       : "the cancelled final sync did not return; finishing without it");
+         if (*m.reason_ == EndReason::kCompleted) m.exit_code_ = kExitSyncFailed;
+         m.Finish(now, out);
+       });
+
+    // Holding, unmounting, on-exit.
+    on(In(S::kHolding), release, "`run.released` (`spotvisor release`): on to on-exit",
+       [](M& m, const Release&, SteadyTime now, Out& out) {
+         m.Log(Severity::kNotice, "run.released", "hold released (spotvisor release): going on to on-exit");
+         m.RunOnExitNow(now, out);
+       });
+    on(In(S::kHolding), deadline, "`run.hold_over`: on to on-exit",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kNotice, "run.hold_over", "on-failure-hold is over: going on to on-exit");
+         m.RunOnExitNow(now, out);
+       });
+    on(In(S::kHolding), signal, "the hold ends, without on-exit (an operator stopping the service ends the hold, not the VM)",
+       [](M& m, const StopSignal&, SteadyTime now, Out& out) {
+         if (!m.reason_) m.reason_ = EndReason::kStopped;
+         m.Teardown(now, out, false);
+       });
+    on(In(S::kUnmounting), unmounts, "`mount.unmount_problems` if any; → `finishing` (on-exit) or `done`",
+       [](M& m, const UnmountsDone& e, SteadyTime now, Out& out) {
+         if (!e.problems.empty()) {
+           m.Log(Severity::kError, "mount.unmount_problems", fmt::format("{} mount(s) did not come off cleanly", e.problems.size()),
+                 {{"problems", e.problems}});
+         }
+         m.AfterTeardown(now, out);
+       });
+    on(In(S::kUnmounting), deadline, "`mount.unmount_deadline`: go on (→ `finishing` or `done`)",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "mount.unmount_deadline",
+               fmt::format("unmounting did not finish within {}; going on", FormatDuration(m.options_.unmount_timeout)));
+         m.AfterTeardown(now, out);
+       });
+    on(In(S::kFinishing, S::kPoweringOff), on_exit,
+       "`shutdown.done`: succeeded → `done`; failed → `powering-off` (the next attempt), or by force after the last",
+       [](M& m, const OnExitDone& e, SteadyTime now, Out& out) { m.OnOnExitDone(e, now, out); });
+    on(In(S::kFinishing, S::kPoweringOff), deadline,
+       "`shutdown.timeout`: abandon it (cancel the API call, kill the command) → `powering-off`, or by force "
+       "(`shutdown.forced`) after the last attempt or 1 s before the budget ends",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "shutdown.timeout",
+               m.state_ == S::kFinishing ? "on-exit did not finish in time" : "shutdown-command did not finish in time");
+         out.push_back(CancelOnExit{});
+         m.PowerOff(now, "on-exit did not finish in time", out);
+       });
+    on(In(S::kFinishing, S::kPoweringOff), signal, "the system is going down (likely because spotvisor asked): → `done`, exit",
+       [](M& m, const StopSignal&, SteadyTime now, Out& out) {
+         m.Transition(S::kDone, now, "the system is going down");
+         out.push_back(ExitProcess{m.exit_code_});
+       });
+    return t;
+  }();
+  return rows;
 }
 
 std::vector<Action> StateMachine::Handle(const Event& event, SteadyTime now) {
   std::vector<Action> out;
-  if (phase_ == Phase::kDone) return out;
-  std::visit(
-      Overloaded{
-          [&](const StartEvent& e) {
-            if (phase_ != Phase::kStarting) return;
-            started_ = now;
-            if (options_.max_runtime.count() > 0) max_runtime_at_ = now + options_.max_runtime;
-            if (e.already_preempted || e.maintenance_terminate) {
-              preempted_ = e.already_preempted;
-              reason_ = e.already_preempted ? EndReason::kPreempted : EndReason::kMaintenance;
-              exit_code_ = kExitPreemptedBeforeStart;
-              Log(Severity::kWarning, e.already_preempted ? "preemption.detected" : "maintenance.detected",
-                  e.already_preempted ? "instance/preempted is already TRUE: not starting the trainer"
-                                      : "maintenance-event is TERMINATE_ON_HOST_MAINTENANCE: not starting the trainer",
-                  {{"when", "startup"}});
-              Finish(now, out);
-              return;
-            }
-            if (options_.mounts) {
-              mounts_active_ = true;
-              out.push_back(StartMounts{});
-              EnterPhase(Phase::kMounting, now, options_.mount_timeout, "mounting disks and the bucket");
-              return;
-            }
-            AfterMounts(now, out);
-          },
-          [&](const MountsDone& e) {
-            if (phase_ != Phase::kMounting) return;
-            if (!e.ok && !mount_cancelled_) {
-              Log(Severity::kError, "mount.failed", "mounting failed; not starting the trainer: " + e.error, {{"error", e.error}});
-              if (!reason_) {  // a preemption or stop signal meanwhile says more
-                reason_ = EndReason::kMountFailed;
-                exit_code_ = kExitMountFailed;
-              }
-            }
-            if (reason_) {  // failed, or preempted / stopped while mounting
-              if (*reason_ == EndReason::kPreempted || *reason_ == EndReason::kMaintenance) exit_code_ = kExitPreemptedBeforeStart;
-              Finish(now, out);
-              return;
-            }
-            AfterMounts(now, out);
-          },
-          [&](const UnmountsDone& e) {
-            if (phase_ != Phase::kUnmounting) return;
-            if (!e.problems.empty()) {
-              Log(Severity::kError, "mount.unmount_problems",
-                  fmt::format("{} mount(s) did not come off cleanly", e.problems.size()), {{"problems", e.problems}});
-            }
-            AfterTeardown(now, out);
-          },
-          [&](const RestoreDone& e) {
-            if (phase_ != Phase::kRestoring) return;
-            if (reason_) {  // preempted or stopped while restoring
-              if (*reason_ != EndReason::kStopped) exit_code_ = kExitPreemptedBeforeStart;
-              Finish(now, out);
-              return;
-            }
-            if (!e.ok) {
-              // Never start from scratch: the first sync would replace a
-              // newer checkpoint with an older one.
-              reason_ = EndReason::kRestoreFailed;
-              exit_code_ = kExitRestoreFailed;
-              Log(Severity::kError, "restore.failed", "restore failed; not starting the trainer from scratch: " + e.error,
-                  {{"error", e.error}});
-              Finish(now, out);
-              return;
-            }
-            if (e.already_done) {
-              reason_ = EndReason::kAlreadyDone;
-              exit_code_ = 0;
-              Finish(now, out);
-              return;
-            }
-            out.push_back(SpawnTrainer{e.resumed});
-          },
-          [&](const TrainerSpawned& e) {
-            if (phase_ != Phase::kStarting && phase_ != Phase::kMounting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
-            trainer_pid_ = e.pid;
-            trainer_started_ = now;
-            trainer_ran_ = true;
-            leader_exited_ = false;
-            EnterPhase(Phase::kRunning, now, std::nullopt, fmt::format("trainer started as pid {}", e.pid));
-            deadline_ = RunningDeadline();
-          },
-          [&](const TrainerSpawnFailed& e) {
-            if (phase_ != Phase::kStarting && phase_ != Phase::kMounting && phase_ != Phase::kRestoring && phase_ != Phase::kRestarting) return;
-            reason_ = EndReason::kFailed;
-            exit_code_ = e.exit_code;
-            Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
-            Finish(now, out);
-          },
-          [&](const TrainerExited& e) { OnTrainerExited(e, now, out); },
-          [&](const GroupEmpty&) {
-            if (phase_ == Phase::kStopping && leader_exited_) BeginDraining(now, out);
-          },
-          [&](const PreemptionNotice&) {
-            preempted_ = true;
-            bool lead = phase_ == Phase::kRunning && options_.preemption_stop_lead.count() > 0;
-            // With a preemption notice the power button comes `lead` later;
-            // a SIGTERM seen first was the button itself.
-            auto button = now + (options_.preemption_stop_lead.count() > 0 ? options_.preemption_stop_lead
-                                                                             : std::chrono::milliseconds(0));
-            if (!power_button_at_ || button < *power_button_at_) power_button_at_ = button;
-            Log(Severity::kWarning, "preemption.detected",
-                lead ? fmt::format("instance/preempted is TRUE: syncing now, stopping the trainer in {} (preemption-stop-lead)",
-                                   FormatDuration(options_.preemption_stop_lead))
-                     : std::string("instance/preempted is TRUE: the VM is being preempted"),
-                {{"phase", PhaseName(phase_)}});
-            if (lead) {
-              ScheduleStop(EndReason::kPreempted, options_.preemption_stop_lead, now, out);
-            } else if (phase_ == Phase::kRunning) {
-              BeginStop(EndReason::kPreempted, now, out);
-            } else if (reason_ == EndReason::kStopped && (phase_ == Phase::kStopping || phase_ == Phase::kDraining)) {
-              // The power button's SIGTERM won the race with the metadata
-              // watcher: it is still a preemption.
-              reason_ = EndReason::kPreempted;
-            }
-            if ((phase_ == Phase::kRestoring || phase_ == Phase::kMounting) && !reason_) {
-              reason_ = EndReason::kPreempted;
-              CutShortBeforeTrainer(now, out);
-            }
-            if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kPreempted, now, out);
-          },
-          [&](const MaintenanceNotice& e) {
-            if (e.value == "TERMINATE_ON_HOST_MAINTENANCE") {
-              bool scheduled = phase_ == Phase::kRunning && options_.maintenance_stop_lead.count() > 0;
-              Log(Severity::kWarning, "maintenance.detected",
-                  scheduled ? fmt::format("host maintenance will terminate this VM: syncing now, stopping the trainer in {}",
-                                          FormatDuration(options_.maintenance_stop_lead))
-                            : std::string("host maintenance will terminate this VM: stopping the trainer"),
-                  {{"value", e.value}});
-              if (scheduled) {
-                ScheduleStop(EndReason::kMaintenance, options_.maintenance_stop_lead, now, out);
-              } else if (phase_ == Phase::kRunning) {
-                BeginStop(EndReason::kMaintenance, now, out);
-              }
-              if (phase_ == Phase::kRestarting) StopFromIdle(EndReason::kMaintenance, now, out);
-              if ((phase_ == Phase::kRestoring || phase_ == Phase::kMounting) && !reason_) reason_ = EndReason::kMaintenance;
-            } else {
-              // Live migration pauses the VM briefly; the trainer carries on.
-              Log(Severity::kInfo, "maintenance.event", fmt::format("maintenance-event is {}", e.value),
-                  {{"value", e.value}});
-            }
-          },
-          [&](const StopSignal& e) {
-            // on-exit is for the end of the work, not for a system that is
-            // already going down (likely the reason for the signal).
-            bool first = !signalled_;
-            signalled_ = true;
-            // Only a preemption turns this into the power button (see FinalSync).
-            if (!stop_signal_at_) stop_signal_at_ = now;
-            Log(Severity::kWarning, "signal.received", fmt::format("spotvisor received {}", SignalName(e.signo)),
-                {{"signal", SignalName(e.signo)}, {"phase", PhaseName(phase_)}});
-            switch (phase_) {
-              case Phase::kStarting:
-                reason_ = EndReason::kStopped;
-                exit_code_ = 128 + e.signo;
-                Finish(now, out);
-                break;
-              case Phase::kRunning: BeginStop(EndReason::kStopped, now, out); break;
-              case Phase::kRestoring:
-              case Phase::kMounting:
-                reason_ = EndReason::kStopped;
-                exit_code_ = 128 + e.signo;
-                // Downloads and mounts can take many minutes: a stop must not.
-                CutShortBeforeTrainer(now, out);
-                break;
-              case Phase::kSyncing:
-                if (!first) {
-                  Log(Severity::kWarning, "sync.cancelled", "asked again to stop: the final sync ends now",
-                      {{"signal", SignalName(e.signo)}});
-                  out.push_back(CancelFinalSync{});
-                }
-                break;
-              case Phase::kRestarting:
-                StopFromIdle(EndReason::kStopped, now, out);
-                break;
-              // A second request to stop means "stop faster" -- but only a
-              // second request: GCE presses the power button (systemd's
-              // SIGTERM) together with preempted=TRUE, and that must not cut
-              // the stop-timeout the trainer gets to save its checkpoint.
-              case Phase::kStopping:
-                if (!first) {
-                  Escalate(now, out, "asked again to stop");
-                } else {
-                  Log(Severity::kInfo, "signal.ignored",
-                      fmt::format("already stopping the trainer ({}): the stop ladder goes on as scheduled",
-                                  EndReasonName(*reason_)),
-                      {{"signal", SignalName(e.signo)}});
-                }
-                break;
-              case Phase::kHolding:
-                // An operator stopping the service ends the hold, not the VM.
-                reason_ = reason_ ? reason_ : EndReason::kStopped;
-                Teardown(now, out, false);
-                break;
-              case Phase::kFinishing:
-              case Phase::kPoweringOff:
-                // The system is going down (likely because we asked it to).
-                phase_ = Phase::kDone;
-                deadline_.reset();
-                out.push_back(ExitProcess{exit_code_});
-                break;
-              default: break;
-            }
-          },
-          [&](const IdleTimeout& e) {
-            if (phase_ != Phase::kRunning) return;
-            Log(Severity::kWarning, "idle.detected",
-                fmt::format("the trainer has been idle for {}: ending the run", FormatDuration(e.idle)),
-                {{"idle_s", std::chrono::duration<double>(e.idle).count()}});
-            BeginStop(EndReason::kIdle, now, out);
-          },
-          [&](const Release&) {
-            if (phase_ != Phase::kHolding) return;
-            Log(Severity::kNotice, "run.released", "hold released (spotvisor release): going on to on-exit");
-            RunOnExitNow(now, out);
-          },
-          [&](const LeftoversGone&) {
-            if (phase_ == Phase::kDraining) AfterDraining(now, out);
-          },
-          [&](const SyncDone& e) {
-            if (!e.final) {
-              if (phase_ == Phase::kRestarting && restart_sync_pending_) {
-                restart_sync_pending_ = false;
-                RestartIfReady(out);
-              }
-              return;
-            }
-            if (phase_ != Phase::kSyncing) return;
-            if (!e.ok && *reason_ == EndReason::kCompleted) exit_code_ = kExitSyncFailed;
-            Finish(now, out);
-          },
-          [&](const OnExitDone& e) {
-            if (phase_ != Phase::kFinishing && phase_ != Phase::kPoweringOff) return;
-            Log(e.exit_code == 0 ? Severity::kInfo : Severity::kError, "shutdown.done",
-                e.exit_code == 0 ? "on-exit finished" : fmt::format("on-exit failed (exit code {})", e.exit_code),
-                {{"exit_code", e.exit_code}});
-            if (e.exit_code != 0) {
-              // Never leave the VM running by accident.
-              PowerOff(now, "on-exit failed", out);
-              return;
-            }
-            EnterPhase(Phase::kDone, now, std::nullopt, "on-exit done");
-            out.push_back(ExitProcess{exit_code_});
-          },
-          [&](const DeadlineReached&) {
-            if (!deadline_ || now < *deadline_) return;
-            switch (phase_) {
-              case Phase::kRunning:
-                if (scheduled_stop_at_ && now >= *scheduled_stop_at_) {
-                  BeginStop(scheduled_reason_, now, out);
-                } else if (max_runtime_at_ && now >= *max_runtime_at_) {
-                  Log(Severity::kWarning, "run.max_runtime",
-                      fmt::format("max-runtime {} reached: stopping the trainer", FormatDuration(options_.max_runtime)));
-                  BeginStop(EndReason::kMaxRuntime, now, out);
-                }
-                break;
-              case Phase::kRestarting:
-                if (max_runtime_at_ && now >= *max_runtime_at_) {
-                  Log(Severity::kWarning, "run.max_runtime", "max-runtime reached while waiting to restart: not restarting");
-                  StopFromIdle(EndReason::kMaxRuntime, now, out);
-                  break;
-                }
-                restart_delay_passed_ = true;
-                deadline_ = max_runtime_at_;
-                RestartIfReady(out);
-                break;
-              case Phase::kStopping:
-                Escalate(now, out, fmt::format("trainer still running after {}",
-                                               FormatDuration(stop_signal_ == SIGINT ? options_.stop_timeout : options_.kill_timeout)));
-                break;
-              case Phase::kDraining:
-                if (leftover_signal_ == SIGTERM) {
-                  leftover_signal_ = SIGKILL;
-                  out.push_back(SignalLeftovers{SIGKILL});
-                  EnterPhase(Phase::kDraining, now, options_.kill_grace, "leftover processes ignored SIGTERM: SIGKILL");
-                } else {
-                  Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
-                  AfterDraining(now, out);
-                }
-                break;
-              case Phase::kMounting:
-                if (!mount_cancelled_) {
-                  mount_cancelled_ = true;
-                  if (!reason_) {
-                    reason_ = EndReason::kMountFailed;
-                    exit_code_ = kExitMountFailed;
-                  }
-                  std::string error = fmt::format("mounting did not finish within {}", FormatDuration(options_.mount_timeout));
-                  Log(Severity::kError, "mount.failed", error + "; not starting the trainer", {{"error", error}});
-                  out.push_back(CancelMounts{});
-                  EnterPhase(Phase::kMounting, now, std::chrono::milliseconds(10'000), "cancelling the mounts");
-                } else {
-                  // The mount worker did not return: what it mounted cannot be
-                  // known, so nothing is unmounted.
-                  Log(Severity::kError, "mount.stuck", "the mount step did not return after being cancelled; finishing without unmounting");
-                  mounts_active_ = false;
-                  Finish(now, out);
-                }
-                break;
-              case Phase::kUnmounting:
-                Log(Severity::kError, "mount.unmount_deadline",
-                    fmt::format("unmounting did not finish within {}; going on", FormatDuration(options_.unmount_timeout)));
-                AfterTeardown(now, out);
-                break;
-              case Phase::kRestoring:
-                reason_ = EndReason::kRestoreFailed;
-                exit_code_ = kExitRestoreFailed;
-                Log(Severity::kError, "restore.failed", "restore did not finish in time; not starting the trainer");
-                Finish(now, out);
-                break;
-              case Phase::kHolding:
-                Log(Severity::kNotice, "run.hold_over", "on-failure-hold is over: going on to on-exit");
-                RunOnExitNow(now, out);
-                break;
-              case Phase::kSyncing:
-                Log(Severity::kError, "sync.timeout", "the final sync did not finish in time; finishing without it");
-                if (*reason_ == EndReason::kCompleted) exit_code_ = kExitSyncFailed;
-                Finish(now, out);
-                break;
-              case Phase::kFinishing:
-              case Phase::kPoweringOff:
-                Log(Severity::kError, "shutdown.timeout",
-                    phase_ == Phase::kFinishing ? "on-exit did not finish in time" : "shutdown-command did not finish in time");
-                out.push_back(CancelOnExit{});
-                PowerOff(now, "on-exit did not finish in time", out);
-                break;
-              default: break;
-            }
-          },
-      },
-      event);
+  if (state_ == State::kDone) return out;
+  // A timer can fire late or for a deadline since replaced: only the
+  // current state's deadline, once reached, counts.
+  if (std::holds_alternative<DeadlineReached>(event) && (!deadline_ || now < *deadline_)) return out;
+  State at = state_;
+  for (auto const& row : Table()) {
+    if (row.event != event.index() || !(row.states & Bit(at))) continue;
+    row.fn(*this, event, now, out);
+    if (!row.note) break;
+  }
   return out;
+}
+
+void StateMachine::Transition(State to, SteadyTime now, const std::string& why) {
+  State from = state_;
+  state_ = to;
+  deadline_ = DeadlineFor(to, now);
+  nlohmann::json f = {{"from", PhaseName(PhaseOf(from))}, {"to", PhaseName(PhaseOf(to))}, {"from_state", StateName(from)},
+                      {"state", StateName(to)}, {"why", why}};
+  if (deadline_) f["deadline_s"] = std::chrono::duration<double>(*deadline_ - now).count();
+  Log(Severity::kInfo, "supervisor.state", fmt::format("{} -> {}: {}", StateName(from), StateName(to), why), f);
+}
+
+std::pair<std::chrono::milliseconds, bool> StateMachine::FinalSyncBudget(SteadyTime now) const {
+  auto budget = options_.final_sync_timeout;
+  if (!preempted_) return {budget, false};
+  // The power button: GCE presses it with preempted=TRUE (or `lead` after
+  // it); if spotvisor's SIGTERM came first, that was the button.
+  auto button = power_button_at_.value_or(now);
+  if (stop_signal_at_ && *stop_signal_at_ < button) button = *stop_signal_at_;
+  auto end = button + options_.preemption_window - options_.final_sync_margin;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - now);
+  if (left >= budget) return {budget, false};
+  return {std::max(left, std::chrono::milliseconds(0)), true};
+}
+
+std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) const {
+  auto earliest = [](std::optional<SteadyTime> a, std::optional<SteadyTime> b) -> std::optional<SteadyTime> {
+    if (!a) return b;
+    if (!b) return a;
+    return std::min(*a, *b);
+  };
+  switch (s) {
+    case State::kStarting:
+    case State::kDone: return std::nullopt;
+    case State::kMounting: return now + options_.mount_timeout;
+    case State::kMountsCancelled:
+    case State::kRestoreCancelled: return now + kCancelGrace;
+    case State::kRestoring: return now + options_.restore_timeout;
+    case State::kRunning: return earliest(max_runtime_at_, scheduled_stop_at_);
+    case State::kStoppingInt: return now + options_.stop_timeout;
+    case State::kStoppingTerm: return now + options_.kill_timeout;
+    case State::kStoppingKill: return now + options_.kill_grace;
+    case State::kDrainingTerm: return now + options_.kill_timeout;
+    case State::kDrainingKill: return now + options_.kill_grace;
+    case State::kRestartingSyncDelay:
+    case State::kRestartingDelay: return earliest(restart_at_, max_runtime_at_);
+    case State::kRestartingSync: return max_runtime_at_;
+    case State::kSyncing: return final_sync_end_;
+    case State::kSyncCancelled: return std::min(final_sync_end_, now + kCancelGrace);
+    case State::kHolding: return now + options_.on_failure_hold;
+    case State::kUnmounting: return now + options_.unmount_timeout;
+    case State::kFinishing: return now + options_.on_exit_timeout / 2;
+    case State::kPoweringOff: {
+      // An equal share of what is left for each attempt still to come; the
+      // last second is kept for the forced power-off.
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(on_exit_deadline_ - now) - std::chrono::seconds(1);
+      int remaining = std::max(1, options_.poweroff_attempts - poweroff_attempts_ + 1);
+      return now + std::max(left, std::chrono::milliseconds(0)) / remaining;
+    }
+  }
+  return std::nullopt;
+}
+
+// What each state waits for at most, for the docs.
+static const char* DeadlineDoc(State s) {
+  switch (s) {
+    case State::kStarting: return "none";
+    case State::kMounting: return "`mount-timeout` × 3 + 10 min (the whole mounting step)";
+    case State::kMountsCancelled: return "10 s";
+    case State::kRestoring: return "30 min";
+    case State::kRestoreCancelled: return "10 s";
+    case State::kRunning: return "`max-runtime` (from spotvisor's start), or the stop time of a notice with a lead; else none";
+    case State::kStoppingInt: return "`stop-timeout`";
+    case State::kStoppingTerm: return "`kill-timeout`";
+    case State::kStoppingKill: return "5 s";
+    case State::kDrainingTerm: return "`kill-timeout`";
+    case State::kDrainingKill: return "5 s";
+    case State::kRestartingSyncDelay:
+    case State::kRestartingDelay: return "`restart-delay` (doubled per quick crash, ≤ 5 min), or `max-runtime` if sooner";
+    case State::kRestartingSync: return "`max-runtime`, else none";
+    case State::kSyncing: return "10 min; after a preemption, what is left of `preemption-window` less 3 s";
+    case State::kSyncCancelled: return "10 s, within the sync's own deadline";
+    case State::kHolding: return "`on-failure-hold`";
+    case State::kUnmounting: return "90 s";
+    case State::kFinishing: return "half of `on-exit-timeout`";
+    case State::kPoweringOff: return "an equal share of what is left of `on-exit-timeout` per attempt still to come, less 1 s";
+    case State::kDone: return "—";
+  }
+  return "?";
+}
+
+std::string StateMachine::TableMarkdown() {
+  std::string md = "| state | phase | deadline |\n| --- | --- | --- |\n";
+  for (int i = 0; i < kStateCount; ++i) {
+    auto s = static_cast<State>(i);
+    md += fmt::format("| `{}` | `{}` | {} |\n", StateName(s), PhaseName(PhaseOf(s)), DeadlineDoc(s));
+  }
+  auto states = [](StateSet set) {
+    if (set == kAnyState) return std::string("any");
+    std::string text;
+    for (int i = 0; i < kStateCount; ++i) {
+      auto s = static_cast<State>(i);
+      if (!(set & Bit(s))) continue;
+      // A whole phase with sub-states reads as `phase/*`.
+      StateSet phase_set = 0;
+      for (int j = 0; j < kStateCount; ++j) {
+        if (PhaseOf(static_cast<State>(j)) == PhaseOf(s)) phase_set |= Bit(static_cast<State>(j));
+      }
+      bool whole = (set & phase_set) == phase_set && phase_set != Bit(s);
+      std::string name = whole ? std::string(PhaseName(PhaseOf(s))) + "/*" : StateName(s);
+      if (whole) {
+        bool first = true;
+        for (int j = 0; j < i; ++j) {
+          if (PhaseOf(static_cast<State>(j)) == PhaseOf(s)) first = false;
+        }
+        if (!first) continue;
+      }
+      text += (text.empty() ? "" : ", ") + fmt::format("`{}`", name);
+    }
+    return text;
+  };
+  md += "\n| in | on | what happens |\n| --- | --- | --- |\n";
+  for (auto const& row : Table()) {
+    md += fmt::format("| {} | `{}` | {} |\n", states(row.states), kEventNames[row.event], row.does);
+  }
+  return md;
+}
+
+// ---------------------------------------------------------------- handlers
+
+void StateMachine::OnStart(const StartEvent& e, SteadyTime now, std::vector<Action>& out) {
+  started_ = now;
+  if (options_.max_runtime.count() > 0) max_runtime_at_ = now + options_.max_runtime;
+  if (e.already_preempted || e.maintenance_terminate) {
+    preempted_ = e.already_preempted;
+    reason_ = e.already_preempted ? EndReason::kPreempted : EndReason::kMaintenance;
+    exit_code_ = kExitPreemptedBeforeStart;
+    Log(Severity::kWarning, e.already_preempted ? "preemption.detected" : "maintenance.detected",
+        e.already_preempted ? "instance/preempted is already TRUE: not starting the trainer"
+                            : "maintenance-event is TERMINATE_ON_HOST_MAINTENANCE: not starting the trainer",
+        {{"when", "startup"}});
+    Finish(now, out);
+    return;
+  }
+  if (options_.mounts) {
+    mounts_active_ = true;
+    out.push_back(StartMounts{});
+    Transition(State::kMounting, now, "mounting disks and the bucket");
+    return;
+  }
+  AfterMounts(now, out);
+}
+
+void StateMachine::OnMountsDone(const MountsDone& e, SteadyTime now, std::vector<Action>& out) {
+  if (!e.ok && state_ == State::kMounting) {
+    Log(Severity::kError, "mount.failed", "mounting failed; not starting the trainer: " + e.error, {{"error", e.error}});
+    if (!reason_) {  // a preemption or stop signal meanwhile says more
+      reason_ = EndReason::kMountFailed;
+      exit_code_ = kExitMountFailed;
+    }
+  }
+  if (reason_) {  // failed, or preempted / stopped while mounting
+    if (*reason_ == EndReason::kPreempted || *reason_ == EndReason::kMaintenance) exit_code_ = kExitPreemptedBeforeStart;
+    Finish(now, out);
+    return;
+  }
+  AfterMounts(now, out);
+}
+
+void StateMachine::OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vector<Action>& out) {
+  if (reason_) {  // preempted or stopped while restoring
+    if (*reason_ != EndReason::kStopped) exit_code_ = kExitPreemptedBeforeStart;
+    Finish(now, out);
+    return;
+  }
+  if (!e.ok) {
+    // Never start from scratch: the first sync would replace a newer
+    // checkpoint with an older one.
+    reason_ = EndReason::kRestoreFailed;
+    exit_code_ = kExitRestoreFailed;
+    Log(Severity::kError, "restore.failed", "restore failed; not starting the trainer from scratch: " + e.error, {{"error", e.error}});
+    Finish(now, out);
+    return;
+  }
+  if (e.already_done) {
+    reason_ = EndReason::kAlreadyDone;
+    exit_code_ = 0;
+    Finish(now, out);
+    return;
+  }
+  out.push_back(SpawnTrainer{e.resumed});
+}
+
+void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
+  trainer_pid_ = e.pid;
+  trainer_started_ = now;
+  trainer_ran_ = true;
+  leader_exited_ = false;
+  Transition(State::kRunning, now, fmt::format("trainer started as pid {}", e.pid));
+}
+
+void StateMachine::NotePreemption(SteadyTime now) {
+  preempted_ = true;
+  bool lead = state_ == State::kRunning && options_.preemption_stop_lead.count() > 0;
+  // With a preemption notice the power button comes `lead` later; a SIGTERM
+  // seen first was the button itself.
+  auto button = now + (options_.preemption_stop_lead.count() > 0 ? options_.preemption_stop_lead : std::chrono::milliseconds(0));
+  if (!power_button_at_ || button < *power_button_at_) power_button_at_ = button;
+  Log(Severity::kWarning, "preemption.detected",
+      lead ? fmt::format("instance/preempted is TRUE: syncing now, stopping the trainer in {} (preemption-stop-lead)",
+                         FormatDuration(options_.preemption_stop_lead))
+           : std::string("instance/preempted is TRUE: the VM is being preempted"),
+      {{"phase", PhaseName(phase())}});
+}
+
+void StateMachine::NoteStopSignal(const StopSignal& e, SteadyTime now) {
+  // on-exit is for the end of the work, not for a system that is already
+  // going down (likely the reason for the signal).
+  ++stop_signals_;
+  signalled_ = true;
+  // Only a preemption turns this into the power button (see FinalSyncBudget).
+  if (!stop_signal_at_) stop_signal_at_ = now;
+  Log(Severity::kWarning, "signal.received", fmt::format("spotvisor received {}", SignalName(e.signo)),
+      {{"signal", SignalName(e.signo)}, {"phase", PhaseName(phase())}});
+}
+
+void StateMachine::OnMaintenanceRunning(SteadyTime now, std::vector<Action>& out) {
+  bool scheduled = options_.maintenance_stop_lead.count() > 0;
+  Log(Severity::kWarning, "maintenance.detected",
+      scheduled ? fmt::format("host maintenance will terminate this VM: syncing now, stopping the trainer in {}",
+                              FormatDuration(options_.maintenance_stop_lead))
+                : std::string("host maintenance will terminate this VM: stopping the trainer"),
+      {{"value", "TERMINATE_ON_HOST_MAINTENANCE"}});
+  if (scheduled) {
+    ScheduleStop(EndReason::kMaintenance, options_.maintenance_stop_lead, now, out);
+  } else {
+    BeginStop(EndReason::kMaintenance, now, out);
+  }
+}
+
+void StateMachine::OnOnExitDone(const OnExitDone& e, SteadyTime now, std::vector<Action>& out) {
+  Log(e.exit_code == 0 ? Severity::kInfo : Severity::kError, "shutdown.done",
+      e.exit_code == 0 ? "on-exit finished" : fmt::format("on-exit failed (exit code {})", e.exit_code), {{"exit_code", e.exit_code}});
+  if (e.exit_code != 0) {
+    // Never leave the VM running by accident.
+    PowerOff(now, "on-exit failed", out);
+    return;
+  }
+  Transition(State::kDone, now, "on-exit done");
+  out.push_back(ExitProcess{exit_code_});
+}
+
+void StateMachine::OnRunningDeadline(SteadyTime now, std::vector<Action>& out) {
+  if (scheduled_stop_at_ && now >= *scheduled_stop_at_) {
+    BeginStop(scheduled_reason_, now, out);
+  } else if (max_runtime_at_ && now >= *max_runtime_at_) {
+    Log(Severity::kWarning, "run.max_runtime",
+        fmt::format("max-runtime {} reached: stopping the trainer", FormatDuration(options_.max_runtime)));
+    BeginStop(EndReason::kMaxRuntime, now, out);
+  }
+}
+
+void StateMachine::OnRestartDeadline(SteadyTime now, std::vector<Action>& out) {
+  if (max_runtime_at_ && now >= *max_runtime_at_) {
+    Log(Severity::kWarning, "run.max_runtime", "max-runtime reached while waiting to restart: not restarting");
+    StopFromIdle(EndReason::kMaxRuntime, now, out);
+    return;
+  }
+  if (state_ == State::kRestartingSyncDelay) {
+    Transition(State::kRestartingSync, now, "restart-delay is over; waiting for the restart's sync");
+    return;
+  }
+  out.push_back(SpawnTrainer{/*resumed=*/true, restarts_});
 }
 
 void StateMachine::BeginStop(EndReason reason, SteadyTime now, std::vector<Action>& out) {
@@ -434,40 +788,39 @@ void StateMachine::BeginStop(EndReason reason, SteadyTime now, std::vector<Actio
   Log(Severity::kWarning, "trainer.signal", fmt::format("sending SIGINT to the trainer's process group {}", trainer_pid_),
       {{"signal", "SIGINT"}, {"pgid", trainer_pid_}, {"reason", EndReasonName(reason)}});
   out.push_back(SignalTrainer{SIGINT});
-  EnterPhase(Phase::kStopping, now, options_.stop_timeout,
+  Transition(State::kStoppingInt, now,
              fmt::format("{}: waiting up to {} for the trainer to stop", EndReasonName(reason), FormatDuration(options_.stop_timeout)));
 }
 
 void StateMachine::Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why) {
-  int next = stop_signal_ == SIGINT ? SIGTERM : SIGKILL;
-  if (stop_signal_ == SIGKILL) {
+  if (state_ == State::kStoppingKill) {
     Log(Severity::kError, "trainer.unkillable",
         fmt::format("trainer process group {} did not exit after SIGKILL (stuck in the kernel?); finishing anyway", trainer_pid_));
     if (!leader_exited_) exit_code_ = 128 + SIGKILL;
     Finish(now, out);
     return;
   }
+  int next = state_ == State::kStoppingInt ? SIGTERM : SIGKILL;
   stop_signal_ = next;
   Log(Severity::kWarning, "trainer.signal",
       fmt::format("{}: sending {} to the trainer's process group {}", why, SignalName(next), trainer_pid_),
       {{"signal", SignalName(next)}, {"pgid", trainer_pid_}, {"reason", why}});
   out.push_back(SignalTrainer{next});
-  EnterPhase(Phase::kStopping, now, next == SIGTERM ? options_.kill_timeout : options_.kill_grace,
-             fmt::format("sent {}", SignalName(next)));
+  Transition(next == SIGTERM ? State::kStoppingTerm : State::kStoppingKill, now, fmt::format("sent {}", SignalName(next)));
 }
 
 void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out) {
-  if (e.pid != trainer_pid_ || leader_exited_ || (phase_ != Phase::kRunning && phase_ != Phase::kStopping)) return;
+  if (e.pid != trainer_pid_ || leader_exited_) return;
   leader_exited_ = true;
   exit_code_ = e.signal != 0 ? 128 + e.signal : e.exit_code;
   nlohmann::json f = {{"pid", e.pid}, {"exit_code", exit_code_}, {"runtime_s", Seconds(now - trainer_started_)}};
   if (e.signal != 0) f["signal"] = SignalName(e.signal);
   if (e.group_remaining > 0) f["group_remaining"] = e.group_remaining;
   std::string how = e.signal != 0 ? fmt::format("killed by {}", SignalName(e.signal)) : fmt::format("exited with code {}", e.exit_code);
-  bool ok = exit_code_ == 0 || phase_ == Phase::kStopping;
+  bool ok = exit_code_ == 0 || phase() == Phase::kStopping;
   Log(ok ? Severity::kInfo : Severity::kError, "trainer.exit", fmt::format("trainer {}", how), f);
   if (!reason_) reason_ = exit_code_ == 0 ? EndReason::kCompleted : EndReason::kFailed;
-  if (phase_ == Phase::kStopping && e.group_remaining > 0) {
+  if (phase() == Phase::kStopping && e.group_remaining > 0) {
     // The ladder goes on for the whole group: the process that got our
     // SIGINT and is saving a checkpoint may be a child of the one that died.
     Log(Severity::kInfo, "trainer.group_wait",
@@ -479,15 +832,8 @@ void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::
 }
 
 void StateMachine::BeginDraining(SteadyTime now, std::vector<Action>& out) {
-  leftover_signal_ = SIGTERM;
   out.push_back(SignalLeftovers{SIGTERM});
-  EnterPhase(Phase::kDraining, now, options_.kill_timeout, "trainer exited: stopping anything it left running");
-}
-
-std::optional<SteadyTime> StateMachine::RunningDeadline() const {
-  std::optional<SteadyTime> d = max_runtime_at_;
-  if (scheduled_stop_at_ && (!d || *scheduled_stop_at_ < *d)) d = scheduled_stop_at_;
-  return d;
+  Transition(State::kDrainingTerm, now, "trainer exited: stopping anything it left running");
 }
 
 // Notice, not an emergency: save now, stop between steps later. A second
@@ -499,14 +845,13 @@ void StateMachine::ScheduleStop(EndReason reason, std::chrono::milliseconds lead
   scheduled_stop_at_ = at;
   scheduled_reason_ = reason;
   if (first && options_.sync) out.push_back(SyncNow{reason == EndReason::kPreempted ? "preemption" : "maintenance"});
-  deadline_ = RunningDeadline();
+  deadline_ = DeadlineFor(State::kRunning, now);  // the stop time is the running state's deadline now
 }
 
 // The trainer is not running (between restarts): no ladder, straight to the
 // final sync and on-exit.
 void StateMachine::StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out) {
   reason_ = reason;
-  restart_sync_pending_ = false;
   if (!options_.sync) {
     Finish(now, out);
     return;
@@ -549,17 +894,11 @@ bool StateMachine::MaybeRestart(SteadyTime now, std::vector<Action>& out) {
       {{"restart", restarts_}, {"max_restarts", options_.max_restarts}, {"delay_s", std::chrono::duration<double>(delay).count()},
        {"exit_code", exit_code_}, {"quick_crashes", quick_streak_}});
   reason_.reset();
-  restart_delay_passed_ = false;
-  restart_sync_pending_ = options_.sync;
+  restart_at_ = now + delay;
   if (options_.sync) out.push_back(SyncNow{"restart"});
-  EnterPhase(Phase::kRestarting, now, delay, options_.sync ? "syncing, then restarting" : "waiting to restart");
-  if (max_runtime_at_ && *max_runtime_at_ < *deadline_) deadline_ = max_runtime_at_;
+  Transition(options_.sync ? State::kRestartingSyncDelay : State::kRestartingDelay, now,
+             options_.sync ? "syncing, then restarting" : "waiting to restart");
   return true;
-}
-
-void StateMachine::RestartIfReady(std::vector<Action>& out) {
-  if (!restart_delay_passed_ || restart_sync_pending_) return;
-  out.push_back(SpawnTrainer{/*resumed=*/true, restarts_});
 }
 
 void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
@@ -575,33 +914,20 @@ void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
 // Stopped or preempted before the trainer started: nothing there is worth
 // waiting for. The mounting phase gets a short deadline to unwind.
 void StateMachine::CutShortBeforeTrainer(SteadyTime now, std::vector<Action>& out) {
-  if (phase_ == Phase::kRestoring) {
+  if (state_ == State::kRestoring) {
     out.push_back(CancelRestore{});
-  } else if (phase_ == Phase::kMounting && !mount_cancelled_) {
-    mount_cancelled_ = true;
+    Transition(State::kRestoreCancelled, now, "cancelling the restore: the run is ending");
+  } else if (state_ == State::kMounting) {
     out.push_back(CancelMounts{});
-    EnterPhase(Phase::kMounting, now, std::chrono::milliseconds(10'000), "cancelling the mounts: the run is ending");
+    Transition(State::kMountsCancelled, now, "cancelling the mounts: the run is ending");
   }
 }
 
 void StateMachine::BeginFinalSync(bool write_done, SteadyTime now, const std::string& why, std::vector<Action>& out) {
-  auto budget = options_.final_sync_timeout;
-  bool urgent = false;
-  if (preempted_) {
-    // The power button: GCE presses it with preempted=TRUE (or `lead` after
-    // it); if spotvisor's SIGTERM came first, that was the button.
-    auto button = power_button_at_.value_or(now);
-    if (stop_signal_at_ && *stop_signal_at_ < button) button = *stop_signal_at_;
-    auto end = button + options_.preemption_window - options_.final_sync_margin;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - now);
-    if (left < budget) {
-      budget = std::max(left, std::chrono::milliseconds(0));
-      urgent = true;
-    }
-  }
-  out.push_back(StartFinalSync{write_done, now + budget, urgent});
-  EnterPhase(Phase::kSyncing, now, budget,
-             urgent ? fmt::format("{} within the Spot window ({} left)", why, FormatDuration(budget)) : why);
+  auto [budget, urgent] = FinalSyncBudget(now);
+  final_sync_end_ = now + budget;
+  out.push_back(StartFinalSync{write_done, final_sync_end_, urgent});
+  Transition(State::kSyncing, now, urgent ? fmt::format("{} within the Spot window ({} left)", why, FormatDuration(budget)) : why);
 }
 
 void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
@@ -630,7 +956,7 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
         fmt::format("the run failed: holding the VM for {} before on-exit, for debugging (end it early with `spotvisor release`)",
                     FormatDuration(options_.on_failure_hold)),
         {{"hold_s", std::chrono::duration<double>(options_.on_failure_hold).count()}});
-    EnterPhase(Phase::kHolding, now, options_.on_failure_hold, "on-failure-hold");
+    Transition(State::kHolding, now, "on-failure-hold");
     return;
   }
   RunOnExitNow(now, out);
@@ -643,7 +969,7 @@ void StateMachine::Teardown(SteadyTime now, std::vector<Action>& out, bool then_
   if (mounts_active_) {
     mounts_active_ = false;
     out.push_back(StartUnmounts{});
-    EnterPhase(Phase::kUnmounting, now, options_.unmount_timeout, "unmounting, in reverse order");
+    Transition(State::kUnmounting, now, "unmounting, in reverse order");
     return;
   }
   AfterTeardown(now, out);
@@ -661,7 +987,7 @@ void StateMachine::SkipOnExit() {
 
 bool StateMachine::Ending() const {
   if (signalled_) return true;
-  switch (phase_) {
+  switch (phase()) {
     case Phase::kStopping:
     case Phase::kUnmounting:
     case Phase::kFinishing:
@@ -672,7 +998,7 @@ bool StateMachine::Ending() const {
       if (!reason_) return false;
       bool failed = *reason_ == EndReason::kFailed;
       // A crash that may be restarted, or a failure that will be held, is not the end yet.
-      if (failed && phase_ == Phase::kDraining && options_.restart_on_failure && !preempted_) return false;
+      if (failed && phase() == Phase::kDraining && options_.restart_on_failure && !preempted_) return false;
       if (failed && options_.on_failure_hold.count() > 0 && options_.run_on_exit && !preempted_) return false;
       return true;
     }
@@ -687,7 +1013,7 @@ void StateMachine::AfterTeardown(SteadyTime now, std::vector<Action>& out) {
     on_exit_after_teardown_ = false;
   }
   if (!on_exit_after_teardown_) {
-    EnterPhase(Phase::kDone, now, std::nullopt, "run ended");
+    Transition(State::kDone, now, "run ended");
     out.push_back(ExitProcess{exit_code_});
     return;
   }
@@ -695,7 +1021,7 @@ void StateMachine::AfterTeardown(SteadyTime now, std::vector<Action>& out) {
   on_exit_deadline_ = now + options_.on_exit_timeout;
   // Half the budget for the action itself (an API that never answers must
   // not eat it all): the rest is for powering off.
-  EnterPhase(Phase::kFinishing, now, options_.on_exit_timeout / 2, "running on-exit");
+  Transition(State::kFinishing, now, "running on-exit");
   out.push_back(RunOnExit{});
 }
 
@@ -711,23 +1037,22 @@ void StateMachine::PowerOff(SteadyTime now, const std::string& why, std::vector<
                     why, poweroff_attempts_),
         {{"attempts", poweroff_attempts_}});
     out.push_back(ForcePoweroff{});
-    EnterPhase(Phase::kDone, now, std::nullopt, "powered off by force");
+    Transition(State::kDone, now, "powered off by force");
     out.push_back(ExitProcess{exit_code_});
     return;
   }
   ++poweroff_attempts_;
-  auto share = left / remaining;
   Log(Severity::kError, "shutdown.poweroff",
       fmt::format("{}: powering off with shutdown-command (attempt {} of {})", why, poweroff_attempts_, options_.poweroff_attempts),
       {{"attempt", poweroff_attempts_}});
   out.push_back(RunPoweroff{poweroff_attempts_});
-  EnterPhase(Phase::kPoweringOff, now, share, fmt::format("shutdown-command, attempt {}", poweroff_attempts_));
+  Transition(State::kPoweringOff, now, fmt::format("shutdown-command, attempt {}", poweroff_attempts_));
 }
 
 void StateMachine::AfterMounts(SteadyTime now, std::vector<Action>& out) {
   if (options_.sync) {
     out.push_back(StartRestore{});
-    EnterPhase(Phase::kRestoring, now, options_.restore_timeout, "restoring the newest complete checkpoint");
+    Transition(State::kRestoring, now, "restoring the newest complete checkpoint");
     return;
   }
   out.push_back(SpawnTrainer{});

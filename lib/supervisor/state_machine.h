@@ -1,14 +1,17 @@
-// The supervisor as an explicit state machine, s6-style: (phase x event) ->
-// actions, with exactly one deadline at a time. It does no I/O: the driver
-// (supervisor.cc) feeds it events from the event loop and carries out the
-// actions it returns, so every path can be unit-tested with a hand-moved
-// clock.
+// The supervisor as an explicit state machine, s6-style: a table of
+// (state x event) -> action rows, one deadline per state computed in one
+// place (DeadlineFor), every transition through one function that logs it
+// (Transition). It does no I/O: the driver (supervisor.cc) feeds it events
+// from the event loop and carries out the actions it returns, so every path
+// can be unit-tested with a hand-moved clock. docs/architecture.md's table is
+// generated from the rows (TableMarkdown); a unit test keeps them equal.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -33,6 +36,37 @@ enum class Phase {
   kDone,
 };
 const char* PhaseName(Phase p);
+
+// The machine's states: the phases, with their sub-states made explicit
+// (which rung of a ladder, whether work was cancelled, what a restart still
+// waits for). `status.json` and systemd show the phase; `supervisor.state`
+// events name both.
+enum class State {
+  kStarting,
+  kMounting,
+  kMountsCancelled,    // the mount worker was told to stop: it gets a short time to unwind
+  kRestoring,
+  kRestoreCancelled,   // the downloads were cut short: the run ends once the worker returns
+  kRunning,
+  kStoppingInt,        // SIGINT sent to the trainer's group
+  kStoppingTerm,       // then SIGTERM
+  kStoppingKill,       // then SIGKILL
+  kDrainingTerm,       // SIGTERM to what the trainer left running
+  kDrainingKill,       // then SIGKILL
+  kRestartingSyncDelay,  // waiting for the restart's sync and for restart-delay
+  kRestartingDelay,      // the sync is done (or none): waiting for restart-delay
+  kRestartingSync,       // restart-delay is over: waiting for the sync
+  kSyncing,
+  kSyncCancelled,      // asked twice to stop: the final sync was cancelled
+  kHolding,
+  kUnmounting,
+  kFinishing,
+  kPoweringOff,
+  kDone,
+};
+inline constexpr int kStateCount = static_cast<int>(State::kDone) + 1;
+const char* StateName(State s);
+Phase PhaseOf(State s);
 
 enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed };
 const char* EndReasonName(EndReason r);
@@ -152,7 +186,8 @@ class StateMachine {
 
   std::vector<Action> Handle(const Event& event, SteadyTime now);
 
-  Phase phase() const { return phase_; }
+  State state() const { return state_; }
+  Phase phase() const { return PhaseOf(state_); }
   std::optional<SteadyTime> deadline() const { return deadline_; }
   int trainer_pid() const { return trainer_pid_; }
   std::optional<EndReason> end_reason() const { return reason_; }
@@ -170,8 +205,34 @@ class StateMachine {
   // hold): what systemd hears as STOPPING=1.
   bool Ending() const;
 
+  // The states (with their deadlines) and the transition table, as the
+  // Markdown in docs/architecture.md.
+  static std::string TableMarkdown();
+
  private:
-  void EnterPhase(Phase p, SteadyTime now, std::optional<std::chrono::milliseconds> deadline, const std::string& why);
+  struct Row;
+  static const std::vector<Row>& Table();
+  // The one way to change state: sets the state's deadline (DeadlineFor)
+  // and logs one supervisor.state event.
+  void Transition(State to, SteadyTime now, const std::string& why);
+  // Each state's one deadline, computed here only.
+  std::optional<SteadyTime> DeadlineFor(State s, SteadyTime now) const;
+  // The final sync's budget: final-sync-timeout, or what is left of the
+  // Spot window (urgent) after a preemption.
+  std::pair<std::chrono::milliseconds, bool> FinalSyncBudget(SteadyTime now) const;
+
+  // Row handlers.
+  void OnStart(const StartEvent& e, SteadyTime now, std::vector<Action>& out);
+  void OnMountsDone(const MountsDone& e, SteadyTime now, std::vector<Action>& out);
+  void OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vector<Action>& out);
+  void OnSpawned(const TrainerSpawned& e, SteadyTime now);
+  void NotePreemption(SteadyTime now);
+  void NoteStopSignal(const StopSignal& e, SteadyTime now);
+  void OnMaintenanceRunning(SteadyTime now, std::vector<Action>& out);
+  void OnOnExitDone(const OnExitDone& e, SteadyTime now, std::vector<Action>& out);
+  void OnRunningDeadline(SteadyTime now, std::vector<Action>& out);
+  void OnRestartDeadline(SteadyTime now, std::vector<Action>& out);
+  void EndedBeforeTrainer(int signo_or_zero);
   void BeginStop(EndReason reason, SteadyTime now, std::vector<Action>& out);
   void Escalate(SteadyTime now, std::vector<Action>& out, const std::string& why);
   void Finish(SteadyTime now, std::vector<Action>& out);
@@ -188,14 +249,11 @@ class StateMachine {
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
   void AfterDraining(SteadyTime now, std::vector<Action>& out);
   bool MaybeRestart(SteadyTime now, std::vector<Action>& out);
-  void RestartIfReady(std::vector<Action>& out);
-  std::optional<SteadyTime> RunningDeadline() const;
   void StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out);
   // A notice with a lead: sync now, stop the trainer at now + lead.
   void ScheduleStop(EndReason reason, std::chrono::milliseconds lead, SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());
-  // Issues StartFinalSync and enters kSyncing with its one deadline: the
-  // Spot window when preempted, else final-sync-timeout.
+  // Issues StartFinalSync and enters kSyncing.
   void BeginFinalSync(bool write_done, SteadyTime now, const std::string& why, std::vector<Action>& out);
   void CutShortBeforeTrainer(SteadyTime now, std::vector<Action>& out);
   // on-exit failed or hung: shutdown-command (again), or by force.
@@ -203,32 +261,31 @@ class StateMachine {
 
   StateMachineOptions options_;
   Emit emit_;
-  Phase phase_ = Phase::kStarting;
+  State state_ = State::kStarting;
   std::optional<SteadyTime> deadline_;
   std::optional<EndReason> reason_;
   int trainer_pid_ = 0;
   int exit_code_ = 0;
   int stop_signal_ = 0;
-  int leftover_signal_ = 0;
   SteadyTime started_{}, trainer_started_{};
   bool trainer_ran_ = false;
   bool leader_exited_ = false;
   int restarts_ = 0;
   int quick_streak_ = 0;  // consecutive crashes soon after start
-  bool restart_sync_pending_ = false;
-  bool restart_delay_passed_ = false;
+  SteadyTime restart_at_{};  // when restart-delay is over
   std::optional<SteadyTime> max_runtime_at_;
   std::optional<SteadyTime> scheduled_stop_at_;  // after a notice with a lead
   EndReason scheduled_reason_ = EndReason::kMaintenance;
   bool on_exit_started_ = false;
   SteadyTime on_exit_deadline_{};  // the end of the whole on-exit budget
+  SteadyTime final_sync_end_{};    // the final sync's deadline
   int poweroff_attempts_ = 0;
+  int stop_signals_ = 0;     // SIGINT/SIGTERM/SIGHUP/SIGQUIT to spotvisor so far
   bool signalled_ = false;  // SIGINT/SIGTERM to spotvisor: no on-exit, a second one escalates
   bool preempted_ = false;  // any PreemptionNotice: no on-exit, no restart
   std::optional<SteadyTime> power_button_at_;  // when GCE pressed (or will press) it
   std::optional<SteadyTime> stop_signal_at_;   // the first SIGINT/SIGTERM to spotvisor
   bool mounts_active_ = false;   // StartMounts was issued and not undone yet
-  bool mount_cancelled_ = false;
   bool on_exit_after_teardown_ = false;
 };
 

@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace spotvisor {
 namespace {
@@ -945,5 +948,155 @@ TEST_CASE("after a preemption the final sync's deadline is the Spot window, not 
   CHECK(f.deadline - h.now == 21s);  // 30 s window - 3 s margin - 6 s gone
   CHECK(*h.machine.deadline() == f.deadline);
 }
+
+// ---- issue #12: the state table ----
+
+TEST_CASE("a cancelled restore, mount or final sync that never returns cannot hold the stop: 10 s, then the run ends") {
+  SECTION("restore") {
+    auto o = Harness::Options();
+    o.sync = true;
+    Harness h(o);
+    h.On(StartEvent{});
+    REQUIRE(Has<CancelRestore>(h.On(StopSignal{SIGTERM})));
+    CHECK(h.machine.state() == State::kRestoreCancelled);
+    CHECK(*h.machine.deadline() - h.now == 10s);  // not the 30 min restore deadline
+    CHECK(h.Advance(9s).empty());
+    h.Advance(1s);
+    CHECK(h.Logged("restore.stuck"));
+    CHECK(h.Last("run.end").fields["reason"] == "stopped");
+    CHECK(h.machine.exit_code() == 128 + SIGTERM);
+    CHECK(h.machine.phase() == Phase::kDone);
+  }
+  SECTION("mounts") {
+    Harness h(MountOptions());
+    h.On(StartEvent{});
+    h.On(PreemptionNotice{});
+    CHECK(h.machine.state() == State::kMountsCancelled);
+    h.Advance(10s);
+    CHECK(h.Logged("mount.stuck"));
+    CHECK(h.machine.exit_code() == 75);
+  }
+  SECTION("final sync") {
+    auto o = Harness::Options();
+    o.sync = true;
+    Harness h(o);
+    h.On(StartEvent{});
+    h.On(RestoreDone{true, false, false, ""});
+    h.On(TrainerSpawned{100});
+    h.On(TrainerExited{100, 0, 0});
+    h.On(LeftoversGone{});
+    REQUIRE(*h.machine.deadline() - h.now == 10min);
+    h.On(StopSignal{SIGTERM});
+    h.On(StopSignal{SIGTERM});
+    CHECK(h.machine.state() == State::kSyncCancelled);
+    CHECK(*h.machine.deadline() - h.now == 10s);
+    h.Advance(10s);
+    CHECK(h.Logged("sync.timeout"));
+    CHECK(h.machine.exit_code() == 73);  // the trainer succeeded, its results did not reach the bucket
+    CHECK(h.machine.phase() == Phase::kDone);
+  }
+}
+
+TEST_CASE("the ladder's rungs are states: each has its own deadline and every change is one supervisor.state event") {
+  Harness h;
+  h.StartRunning();
+  h.On(StopSignal{SIGTERM});
+  CHECK(h.machine.state() == State::kStoppingInt);
+  CHECK(*h.machine.deadline() - h.now == 20s);
+  h.Advance(20s);
+  CHECK(h.machine.state() == State::kStoppingTerm);
+  CHECK(*h.machine.deadline() - h.now == 5s);
+  h.Advance(5s);
+  CHECK(h.machine.state() == State::kStoppingKill);
+  h.On(TrainerExited{100, 0, SIGKILL});
+  CHECK(h.machine.state() == State::kDrainingTerm);
+  h.Advance(5s);
+  CHECK(h.machine.state() == State::kDrainingKill);
+  std::vector<std::string> seen;
+  for (auto const& e : h.events) {
+    if (e.event != "supervisor.state") continue;
+    seen.push_back(e.fields["from_state"].get<std::string>() + ">" + e.fields["state"].get<std::string>());
+  }
+  CHECK(seen == std::vector<std::string>{"starting>running", "running>stopping/SIGINT", "stopping/SIGINT>stopping/SIGTERM",
+                                         "stopping/SIGTERM>stopping/SIGKILL", "stopping/SIGKILL>draining/SIGTERM",
+                                         "draining/SIGTERM>draining/SIGKILL"});
+}
+
+TEST_CASE("a restart waits for both its sync and restart-delay, in either order") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.restart_on_failure = true;
+  o.restart_delay = 10s;
+  o.quick_crash = 1s;
+  for (bool sync_first : {true, false}) {
+    CAPTURE(sync_first);
+    Harness h(o);
+    h.On(StartEvent{});
+    h.On(RestoreDone{true, false, false, ""});
+    h.On(TrainerSpawned{100});
+    h.now += 5s;
+    h.On(TrainerExited{100, 1, 0});
+    CHECK(Only<SyncNow>(h.On(LeftoversGone{})).kind == "restart");
+    CHECK(h.machine.state() == State::kRestartingSyncDelay);
+    if (sync_first) {
+      CHECK(h.On(SyncDone{true, false}).empty());
+      CHECK(h.machine.state() == State::kRestartingDelay);
+      CHECK(Only<SpawnTrainer>(h.Advance(10s)).resumed);
+    } else {
+      CHECK(h.Advance(10s).empty());
+      CHECK(h.machine.state() == State::kRestartingSync);
+      CHECK_FALSE(h.machine.deadline());  // no max-runtime: only the sync ends it
+      CHECK(Only<SpawnTrainer>(h.On(SyncDone{true, false})).restart_count == 1);
+    }
+  }
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST_CASE("docs/architecture.md holds the state table generated from the code") {
+  const std::string path = std::string(SPOTVISOR_SOURCE_DIR) + "/docs/architecture.md";
+  const std::string begin = "<!-- state-table: generated from lib/supervisor/state_machine.cc (StateMachine::TableMarkdown) -->\n";
+  const std::string end = "<!-- end of state-table -->";
+  auto doc = ReadFile(path);
+  auto b = doc.find(begin);
+  auto e = doc.find(end);
+  REQUIRE(b != std::string::npos);
+  REQUIRE(e != std::string::npos);
+  REQUIRE(b < e);
+  auto want = StateMachine::TableMarkdown();
+  auto have = doc.substr(b + begin.size(), e - b - begin.size());
+  if (have != want && std::getenv("SPOTVISOR_UPDATE_DOCS")) {
+    std::ofstream(path) << doc.substr(0, b + begin.size()) << want << doc.substr(e);
+    have = want;
+  }
+  INFO("regenerate with: SPOTVISOR_UPDATE_DOCS=1 build-asan/tests/unit_tests \"docs/architecture.md holds*\"");
+  CHECK(have == want);
+}
+
+TEST_CASE("every state but starting and done has a row for its deadline, so no state can wait forever") {
+  std::istringstream md(StateMachine::TableMarkdown());
+  std::vector<std::string> deadline_rows;
+  for (std::string line; std::getline(md, line);) {
+    auto at = line.find(" | `DeadlineReached` |");
+    if (at != std::string::npos) deadline_rows.push_back(line.substr(0, at));
+  }
+  REQUIRE_FALSE(deadline_rows.empty());
+  for (int i = 0; i < kStateCount; ++i) {
+    auto s = static_cast<State>(i);
+    if (s == State::kStarting || s == State::kDone) continue;
+    CAPTURE(StateName(s));
+    bool covered = std::any_of(deadline_rows.begin(), deadline_rows.end(), [&](const std::string& in) {
+      return in.find(std::string("`") + StateName(s) + "`") != std::string::npos ||
+             in.find(std::string("`") + PhaseName(PhaseOf(s)) + "/*`") != std::string::npos;
+    });
+    CHECK(covered);
+  }
+}
+
 }  // namespace
 }  // namespace spotvisor
