@@ -155,7 +155,7 @@ std::unique_ptr<MetadataClient> NewMetadataClient(Mode mode) {
   auto endpoint = MetadataEndpointFromEnv();
   // Off GCE, 169.254.169.254 usually swallows packets: do not hang there.
   if (!MetadataRequired(mode)) endpoint.connect_timeout = std::chrono::milliseconds(1000);
-  return MakeMetadataClient(endpoint, MakeCurlHttpClient());
+  return MakeMetadataClient(endpoint, MakeCurlHttpClient(), MakeCurlHttpClient);
 }
 
 // log-to, read from the raw values so that it works even when some other
@@ -270,7 +270,8 @@ StatusOr<MetadataSnapshot> LoadMetadata(MetadataClient& client, bool required, L
   RetryForeverPolicy retry;
   ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(30), 2.0);
   int failures = 0;
-  auto result = RetryLoop(retry, backoff, sleeper, [&] { return FetchOnce(client); },
+  // GETs of the metadata server change nothing: safe to repeat.
+  auto result = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&] { return FetchOnce(client); },
                           [&](const Status& s, int attempt, std::chrono::milliseconds) {
                             failures = attempt;
                             if (attempt == 1) {

@@ -55,9 +55,12 @@ class ComputeClientImpl final : public ComputeClient {
         if (ctx.cancel) ctx.cancel->Unsubscribe(id);
       }
     } unsub{ctx, sub};
-    return RetryLoop(retry, backoff, sleeper, [&]() -> Status {
+    // Stopping or deleting this VM a second time has the effect of once (an
+    // answer that the VM is already stopping or gone counts as done), so a
+    // lost answer is retried.
+    return RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&]() -> Status {
       if (auto s = ctx.Check(fmt::format("{} instance {}", verb, i_.name)); !s.ok()) return s;
-      auto auth = tokens_->AuthorizationHeader();
+      auto auth = tokens_->AuthorizationHeader(ctx);
       if (!auth.ok()) return auth.status();
       HttpRequest req;
       req.method = method;

@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "common/random.h"
 #include "retry/backoff_policy.h"
+#include "retry/retry_loop.h"
 #include "storage/gcs_object_store.h"
 
 namespace spotvisor {
@@ -23,7 +25,11 @@ std::string LogName(const std::string& project, const std::string& name) {
 
 CloudLoggingSink::CloudLoggingSink(CloudLoggingOptions options, std::unique_ptr<TokenProvider> tokens,
                                    std::unique_ptr<HttpClient> http)
-    : o_(std::move(options)), tokens_(std::move(tokens)), http_(std::move(http)), thread_([this] { Run(); }) {}
+    : o_(std::move(options)),
+      tokens_(std::move(tokens)),
+      http_(std::move(http)),
+      insert_prefix_(fmt::format("{:016x}", RandomSeed())),
+      thread_([this] { Run(); }) {}
 
 CloudLoggingSink::~CloudLoggingSink() {
   // Owners flush with their own deadline first (Logger::Flush); this is the
@@ -57,6 +63,8 @@ std::vector<Json> CloudLoggingSink::MakeEntries(const LogEvent& e, WallTime time
                 {"labels", l},
                 {"jsonPayload", payload}};
   // Cheap estimate first: only an entry that might be too big is serialised here.
+  auto id = fmt::format("{}-{}", insert_prefix_, ++next_insert_);
+  entry["insertId"] = id;
   std::size_t estimate = e.message.size() + 1024;
   for (auto const& [k, v] : e.fields.items()) estimate += k.size() + (v.is_string() ? v.get_ref<const std::string&>().size() : Dump(v).size());
   if (estimate <= o_.max_entry_bytes / 2) return {std::move(entry)};
@@ -81,6 +89,7 @@ std::vector<Json> CloudLoggingSink::MakeEntries(const LogEvent& e, WallTime time
     part["jsonPayload"]["message"] = parts[i];
     part["jsonPayload"]["part"] = i + 1;
     part["jsonPayload"]["parts"] = parts.size();
+    part["insertId"] = fmt::format("{}.{}", id, i + 1);
     out.push_back(std::move(part));
   }
   return out;
@@ -171,30 +180,34 @@ bool CloudLoggingSink::SendBatch(const std::vector<std::string>& entries) {
   req.body += "]}";
   req.timeout = std::chrono::seconds(30);
   ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(8), 2.0);
-  auto give_up = std::chrono::steady_clock::now() + o_.retry_budget;
+  LimitedTimeRetryPolicy retry(o_.retry_budget, clock_);
   std::string problem;
-  for (;;) {
+  // Every entry carries an insertId: a batch resent after a lost answer is
+  // deduplicated by Cloud Logging, so repeating it is safe.
+  auto sent = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper_, [&]() -> Status {
     auto auth = tokens_->AuthorizationHeader();
-    if (auth.ok()) {
-      req.headers = {{"Content-Type", "application/json"}};
-      if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
-      auto r = http_->Perform(req);
-      {
-        std::lock_guard lk(mu_);
-        ++counters_.requests;
-      }
-      if (r.ok() && r->status == 200) {
-        std::lock_guard lk(mu_);
-        counters_.sent += n;
-        return true;
-      }
-      problem = r.ok() ? fmt::format("HTTP {}: {:.200}", r->status, r->body) : r.status().message();
-      bool transient = !r.ok() || r->status == 429 || r->status >= 500;
-      if (!transient) break;  // 400 (bad entry), 403 (no logging.write scope): retrying will not help
-    } else {
+    if (!auth.ok()) {
       problem = auth.status().message();
+      return UnavailableError(problem);  // the token server may be back soon: as before, within the budget
     }
-    if (std::chrono::steady_clock::now() >= give_up || !sleeper_.SleepFor(backoff.OnCompletion())) break;
+    req.headers = {{"Content-Type", "application/json"}};
+    if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
+    auto r = http_->Perform(req);
+    {
+      std::lock_guard lk(mu_);
+      ++counters_.requests;
+    }
+    if (r.ok() && r->status == 200) return OkStatus();
+    problem = r.ok() ? fmt::format("HTTP {}: {:.200}", r->status, r->body) : r.status().message();
+    if (!r.ok()) return r.status();
+    // 400 (bad entry), 403 (no logging.write scope): retrying will not help.
+    if (r->status == 429 || r->status >= 500) return UnavailableError(problem);
+    return InvalidArgumentError(problem);
+  });
+  if (sent.ok()) {
+    std::lock_guard lk(mu_);
+    counters_.sent += n;
+    return true;
   }
   // spotvisor's own logs cannot report that they failed; stderr (journald)
   // can, once per kind of problem.

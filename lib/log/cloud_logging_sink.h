@@ -10,6 +10,7 @@
 // that say why the VM stopped are not lost at poweroff.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -21,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "http/http_client.h"
 #include "log/logger.h"
 #include "retry/sleeper.h"
@@ -58,7 +60,8 @@ class CloudLoggingSink final : public LogSink {
   // spotvisor-trainer for trainer output, spotvisor for everything else.
   // Usually one; an event above the API's entry size limit is split into
   // several, its message cut into parts (jsonPayload.part / parts) on UTF-8
-  // boundaries, each carrying the event's other fields.
+  // boundaries, each carrying the event's other fields. Each entry has its
+  // own insertId.
   std::vector<nlohmann::json> MakeEntries(const LogEvent& e, WallTime time,
                                           const std::map<std::string, std::string>& labels) const;
 
@@ -77,6 +80,12 @@ class CloudLoggingSink final : public LogSink {
   std::unique_ptr<TokenProvider> tokens_;
   std::unique_ptr<HttpClient> http_;
   CancellableSleeper sleeper_;
+  SystemClock clock_;  // the retry budget
+  // insertId = PREFIX-N (PREFIX random per process, N counting entries):
+  // Cloud Logging treats entries with the same timestamp and insertId as
+  // one, so resending a batch whose answer was lost adds no duplicates.
+  const std::string insert_prefix_;
+  mutable std::atomic<std::uint64_t> next_insert_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_;
   std::deque<Queued> queue_;  // raw: entries are built on the writer thread, not the caller's

@@ -27,11 +27,24 @@ std::string PercentEncode(std::string_view s) {
 
 class MetadataClientImpl final : public MetadataClient {
  public:
-  MetadataClientImpl(MetadataEndpoint endpoint, std::unique_ptr<HttpClient> http)
-      : endpoint_(std::move(endpoint)), http_(std::move(http)) {}
+  MetadataClientImpl(MetadataEndpoint endpoint, std::unique_ptr<HttpClient> http,
+                     std::function<std::unique_ptr<HttpClient>()> make_http)
+      : endpoint_(std::move(endpoint)), http_(std::move(http)), make_http_(std::move(make_http)) {}
 
-  StatusOr<MetadataValue> Get(const std::string& path) override {
-    return Fetch(path, "", std::chrono::milliseconds(10'000));
+  using MetadataClient::Get;
+  StatusOr<MetadataValue> Get(const std::string& path, const CallContext& ctx) override {
+    if (auto s = ctx.Check("metadata " + path); !s.ok()) return s;
+    std::chrono::milliseconds timeout{10'000};
+    if (ctx.deadline) {
+      timeout = ctx.Remaining(timeout);
+      if (timeout.count() <= 0) return DeadlineExceededError("metadata " + path + ": out of time");
+    }
+    if (!ctx.cancel || !make_http_) return Fetch(*http_, path, "", timeout);
+    std::shared_ptr<HttpClient> http(make_http_());
+    auto sub = ctx.cancel->Subscribe([http] { http->Cancel(); });
+    auto r = Fetch(*http, path, "", timeout);
+    ctx.cancel->Unsubscribe(sub);
+    return r;
   }
 
   StatusOr<MetadataValue> Watch(const std::string& path, const std::string& last_etag,
@@ -41,11 +54,11 @@ class MetadataClientImpl final : public MetadataClient {
     // '&' in it would make every later URL malformed (the ETag only
     // advances on success, so the watcher would never recover).
     if (!last_etag.empty()) query += "&last_etag=" + PercentEncode(last_etag);
-    return Fetch(path, query, LongPollHttpTimeout(timeout));
+    return Fetch(*http_, path, query, LongPollHttpTimeout(timeout));
   }
 
   StatusOr<std::map<std::string, std::string>> GetAttributes(const std::string& dir) override {
-    auto r = Fetch(dir, "recursive=true", std::chrono::milliseconds(10'000));
+    auto r = Fetch(*http_, dir, "recursive=true", std::chrono::milliseconds(10'000));
     // Not every metadata server answers {} for a directory with nothing in
     // it; some answer 404. The directory is still there to be asked about,
     // so it is empty, not a missing key to stop for.
@@ -74,15 +87,15 @@ class MetadataClientImpl final : public MetadataClient {
   void Cancel() override { http_->Cancel(); }
 
  private:
-  StatusOr<MetadataValue> Fetch(const std::string& path, const std::string& query,
+  StatusOr<MetadataValue> Fetch(HttpClient& http, const std::string& path, const std::string& query,
                                 std::chrono::milliseconds timeout) {
     HttpRequest req;
     req.url = fmt::format("http://{}/computeMetadata/v1/{}", endpoint_.host, path);
     if (!query.empty()) req.url += "?" + query;
     req.headers = {{"Metadata-Flavor", "Google"}};
     req.timeout = timeout;
-    req.connect_timeout = endpoint_.connect_timeout;
-    auto r = http_->Perform(req);
+    req.connect_timeout = std::min(endpoint_.connect_timeout, timeout);
+    auto r = http.Perform(req);
     if (!r.ok()) return r.status();
     // Anything else answering on that address (a captive portal, a proxy, a
     // misdirected GCE_METADATA_HOST) must not be believed.
@@ -104,6 +117,7 @@ class MetadataClientImpl final : public MetadataClient {
 
   MetadataEndpoint endpoint_;
   std::unique_ptr<HttpClient> http_;
+  std::function<std::unique_ptr<HttpClient>()> make_http_;
 };
 
 }  // namespace
@@ -173,9 +187,9 @@ std::chrono::milliseconds LongPollHttpTimeout(std::chrono::seconds timeout) {
   return timeout + margin;
 }
 
-std::unique_ptr<MetadataClient> MakeMetadataClient(MetadataEndpoint endpoint,
-                                                   std::unique_ptr<HttpClient> http) {
-  return std::make_unique<MetadataClientImpl>(std::move(endpoint), std::move(http));
+std::unique_ptr<MetadataClient> MakeMetadataClient(MetadataEndpoint endpoint, std::unique_ptr<HttpClient> http,
+                                                   std::function<std::unique_ptr<HttpClient>()> make_http) {
+  return std::make_unique<MetadataClientImpl>(std::move(endpoint), std::move(http), std::move(make_http));
 }
 
 }  // namespace spotvisor

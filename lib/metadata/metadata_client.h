@@ -4,11 +4,13 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "common/cancel.h"
 #include "common/status.h"
 #include "http/http_client.h"
 
@@ -23,7 +25,10 @@ class MetadataClient {
  public:
   virtual ~MetadataClient() = default;
   // 404 (key not defined) is kNotFound, the one answer never worth retrying.
-  virtual StatusOr<MetadataValue> Get(const std::string& path) = 0;
+  // The request's timeout is clamped to what `ctx` has left, and cancelling
+  // `ctx` cuts it short.
+  virtual StatusOr<MetadataValue> Get(const std::string& path, const CallContext& ctx) = 0;
+  StatusOr<MetadataValue> Get(const std::string& path) { return Get(path, Background()); }
   // Long-poll: answers at once when `last_etag` is stale, otherwise when the
   // value changes or after `timeout` with the unchanged value.
   virtual StatusOr<MetadataValue> Watch(const std::string& path, const std::string& last_etag,
@@ -65,7 +70,9 @@ StatusOr<std::map<std::string, std::string>> ParseAttributes(std::string_view bo
 int JsonNestingDepth(std::string_view text, int limit);
 inline constexpr int kMaxAttributeDepth = 32;
 
-std::unique_ptr<MetadataClient> MakeMetadataClient(MetadataEndpoint endpoint,
-                                                   std::unique_ptr<HttpClient> http);
+// `make_http`: a client per cancellable call (a cancelled HttpClient stays
+// cancelled); without it, such calls are only bounded by their deadline.
+std::unique_ptr<MetadataClient> MakeMetadataClient(MetadataEndpoint endpoint, std::unique_ptr<HttpClient> http,
+                                                   std::function<std::unique_ptr<HttpClient>()> make_http = {});
 
 }  // namespace spotvisor

@@ -2,7 +2,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace spotvisor {
@@ -14,6 +18,7 @@ class CannedHttp final : public HttpClient {
   CannedHttp(long status, std::string body, std::vector<std::string>* urls) : status_(status), body_(std::move(body)), urls_(urls) {}
   StatusOr<HttpResponse> Perform(const HttpRequest& request) override {
     urls_->push_back(request.url);
+    last_timeout = request.timeout;
     HttpResponse r;
     r.status = status_;
     r.body = body_;
@@ -21,6 +26,7 @@ class CannedHttp final : public HttpClient {
     return r;
   }
   void Cancel() override {}
+  std::chrono::milliseconds last_timeout{0};
 
  private:
   long status_;
@@ -78,6 +84,78 @@ TEST_CASE("the ETag sent back in a long-poll is percent-encoded", "[metadata][is
 TEST_CASE("JSON nesting depth skips brackets inside strings", "[metadata]") {
   CHECK(JsonNestingDepth(R"({"a":"[[[[\"{{","b":[1,[2]]})", 100) == 3);
   CHECK(JsonNestingDepth(std::string(50, '['), 10) == 11);
+}
+
+class FakeClockMd final : public Clock {
+ public:
+  SteadyTime Now() const override { return now; }
+  WallTime WallNow() const override { return {}; }
+  SteadyTime now{std::chrono::hours(1)};
+};
+
+// Hangs until cancelled, like a metadata server that accepted the
+// connection and never answers.
+class HangingHttp final : public HttpClient {
+ public:
+  StatusOr<HttpResponse> Perform(const HttpRequest& request) override {
+    std::unique_lock lk(mu);
+    started = true;
+    cv.notify_all();
+    cv.wait(lk, [this] { return cancelled; });
+    return CancelledError(request.url + ": cancelled");
+  }
+  void Cancel() override {
+    std::lock_guard lk(mu);
+    cancelled = true;
+    cv.notify_all();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false, cancelled = false;
+};
+
+TEST_CASE("a metadata read carries the caller's deadline and cancellation", "[metadata][issue12]") {
+  std::vector<std::string> urls;
+  auto canned = std::make_unique<CannedHttp>(200, "v", &urls);
+  auto* http = canned.get();
+  auto client = MakeMetadataClient(MetadataEndpoint{"md", std::chrono::milliseconds(5000)}, std::move(canned));
+  FakeClockMd clock;
+  CallContext ctx;
+  ctx.clock = &clock;
+  ctx.deadline = clock.now + std::chrono::milliseconds(1500);
+  REQUIRE(client->Get("instance/id", ctx).ok());
+  CHECK(http->last_timeout == std::chrono::milliseconds(1500));  // clamped from 10 s
+  clock.now += std::chrono::seconds(2);
+  CHECK(client->Get("instance/id", ctx).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(urls.size() == 1);  // out of time: no request at all
+
+  // A cancellable call gets its own HTTP client, which the cancellation aborts.
+  std::atomic<HangingHttp*> raw{nullptr};
+  auto cancellable = MakeMetadataClient(MetadataEndpoint{"md", std::chrono::milliseconds(5000)},
+                                        std::make_unique<CannedHttp>(200, "v", &urls), [&] {
+                                          auto h = std::make_unique<HangingHttp>();
+                                          raw = h.get();
+                                          return std::unique_ptr<HttpClient>(std::move(h));
+                                        });
+  CallContext stop;
+  stop.cancel = std::make_shared<CancelSource>();
+  std::thread canceller([&] {
+    // Waits (on a condition, not a clock) until the request hangs, then stops it.
+    while (true) {
+      if (HangingHttp* h = raw.load()) {
+        std::unique_lock lk(h->mu);
+        if (h->cv.wait_for(lk, std::chrono::milliseconds(10), [h] { return h->started; })) break;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    stop.cancel->Cancel();
+  });
+  auto r = cancellable->Get("instance/service-accounts/default/token", stop);
+  canceller.join();
+  CHECK(r.status().code() == StatusCode::kCancelled);
+  // The client's own HTTP client was not cancelled: later reads still work.
+  CHECK(cancellable->Get("instance/id").ok());
 }
 
 }  // namespace

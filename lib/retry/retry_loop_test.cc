@@ -31,7 +31,7 @@ TEST_CASE("the retry loop sleeps exactly the backoff delays between attempts") {
   LimitedErrorCountRetryPolicy retry(10);
   RecordingSleeper sleeper;
   int calls = 0;
-  auto r = RetryLoop(retry, backoff, sleeper, [&]() -> StatusOr<int> {
+  auto r = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&]() -> StatusOr<int> {
     if (++calls < 6) return UnavailableError("503");
     return 42;
   });
@@ -45,7 +45,7 @@ TEST_CASE("permanent errors are not retried") {
   RetryForeverPolicy retry;
   RecordingSleeper sleeper;
   int calls = 0;
-  auto s = RetryLoop(retry, backoff, sleeper, [&] {
+  auto s = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&] {
     ++calls;
     return NotFoundError("404");
   });
@@ -59,7 +59,7 @@ TEST_CASE("the error count limit gives up with the last error, and the observer 
   LimitedErrorCountRetryPolicy retry(2);
   RecordingSleeper sleeper;
   std::vector<int> attempts;
-  auto s = RetryLoop(retry, backoff, sleeper, [] { return UnavailableError("down"); },
+  auto s = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [] { return UnavailableError("down"); },
                      [&](const Status&, int n, milliseconds) { attempts.push_back(n); });
   CHECK(s.message() == "down");
   CHECK(attempts == std::vector<int>{1, 2});
@@ -70,7 +70,7 @@ TEST_CASE("a cancelled sleeper ends the loop as cancelled") {
   RetryForeverPolicy retry;
   RecordingSleeper sleeper;
   sleeper.cancel_after = 3;
-  auto s = RetryLoop(retry, backoff, sleeper, [] { return UnavailableError("down"); });
+  auto s = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [] { return UnavailableError("down"); });
   CHECK(s.code() == StatusCode::kCancelled);
   CHECK(sleeper.delays.size() == 3);
 }
@@ -100,6 +100,20 @@ TEST_CASE("jittered backoff stays within [d*(1-jitter), d], grows to the cap, an
   // Same seed, same sequence: jitter is reproducible.
   ExponentialBackoffPolicy a(100ms, 10s, 2.0, 0.5, 3), b(100ms, 10s, 2.0, 0.5, 3);
   for (int i = 0; i < 5; ++i) CHECK(a.OnCompletion() == b.OnCompletion());
+}
+
+TEST_CASE("a non-idempotent call is tried once: a failure may hide a change a retry would make twice") {
+  ExponentialBackoffPolicy backoff(100ms, 1s, 2.0, /*jitter=*/0.0);
+  LimitedErrorCountRetryPolicy retry(10);
+  RecordingSleeper sleeper;
+  int calls = 0;
+  auto s = RetryLoop(retry, backoff, Idempotency::kNonIdempotent, sleeper, [&] {
+    ++calls;
+    return UnavailableError("the answer was lost");
+  });
+  CHECK(s.code() == StatusCode::kUnavailable);
+  CHECK(calls == 1);
+  CHECK(sleeper.delays.empty());
 }
 
 }  // namespace

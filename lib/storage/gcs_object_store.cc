@@ -140,7 +140,7 @@ class GcsObjectStore final : public ObjectStore {
 
   StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre,
                                    const CallContext& ctx) override {
-    return Retry(ctx, [&] { return Multipart(name, data, Crc32c(data), pre, ctx); });
+    return Retry(ctx, kWrite, [&] { return Multipart(name, data, Crc32c(data), pre, ctx); });
   }
 
   StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre,
@@ -149,7 +149,7 @@ class GcsObjectStore final : public ObjectStore {
     if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "uploading " + path);
     auto size = static_cast<std::size_t>(st.st_size);
     if (size <= o_.multipart_max_bytes) {
-      return Retry(ctx, [&]() -> StatusOr<ObjectInfo> {
+      return Retry(ctx, kWrite, [&]() -> StatusOr<ObjectInfo> {
         Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
         if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
         auto data = ReadChunk(f.fd, size + 1);
@@ -162,7 +162,7 @@ class GcsObjectStore final : public ObjectStore {
   }
 
   StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) override {
-    return Retry(ctx, [&]() -> StatusOr<std::string> {
+    return Retry(ctx, Idempotency::kIdempotent, [&]() -> StatusOr<std::string> {
       HttpRequest req = Request("GET", ObjectUrl(name) + "?alt=media");
       auto r = Perform(req, ctx);
       if (!r.ok()) return r.status();
@@ -175,7 +175,7 @@ class GcsObjectStore final : public ObjectStore {
   }
 
   StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
-    return Retry(ctx, [&]() -> StatusOr<ObjectInfo> {
+    return Retry(ctx, Idempotency::kIdempotent, [&]() -> StatusOr<ObjectInfo> {
       Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
       if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
       std::uint32_t crc = 0;
@@ -216,7 +216,7 @@ class GcsObjectStore final : public ObjectStore {
     std::vector<ObjectInfo> out;
     std::string token;
     do {
-      auto page = Retry(ctx, [&]() -> StatusOr<Json> {
+      auto page = Retry(ctx, Idempotency::kIdempotent, [&]() -> StatusOr<Json> {
         std::string url = fmt::format("{}/storage/v1/b/{}/o?prefix={}&fields={}", o_.endpoint, o_.bucket,
                                       UrlEncode(FullName(prefix)), UrlEncode("items(name,generation,size,crc32c),nextPageToken"));
         if (!token.empty()) url += "&pageToken=" + UrlEncode(token);
@@ -244,7 +244,7 @@ class GcsObjectStore final : public ObjectStore {
   // A one-item list: it needs storage.objects.list only, which
   // roles/storage.objectAdmin has (unlike storage.buckets.get).
   Status CheckAccess(const CallContext& ctx) override {
-    return Retry(ctx, [&]() -> Status {
+    return Retry(ctx, Idempotency::kIdempotent, [&]() -> Status {
       auto r = Perform(Request("GET", fmt::format("{}/storage/v1/b/{}/o?maxResults=1&prefix={}&fields=items(name)", o_.endpoint,
                                                   o_.bucket, UrlEncode(FullName("")))),
                        ctx);
@@ -258,7 +258,8 @@ class GcsObjectStore final : public ObjectStore {
   }
 
   Status Delete(const std::string& name, const Precondition& pre, const CallContext& ctx) override {
-    auto s = Retry(ctx, [&]() -> Status {
+    // A repeated delete meets 404, which counts as done.
+    auto s = Retry(ctx, Idempotency::kIdempotent, [&]() -> Status {
       auto r = Perform(Request("DELETE", ObjectUrl(name) + Query(pre, '?')), ctx);
       if (!r.ok()) return r.status();
       if (r->status == 204 || r->status == 200 || r->status == 404) return OkStatus();
@@ -272,8 +273,15 @@ class GcsObjectStore final : public ObjectStore {
   // deadline or on cancellation, and an urgent context (the final sync in a
   // Spot window) retries quickly until its deadline instead of backing off
   // to 32 s.
+  //
+  // Writing an object is safe to repeat for every object spotvisor writes:
+  // with a precondition (manifest.json) a replay meets 412, which the sync
+  // engine reconciles by commit id; without one the name is written once
+  // (checkpoints/PATH~SEQ.NONCE, a new nonce per sync) or again with the same
+  // bytes (DONE).
+  static constexpr Idempotency kWrite = Idempotency::kIdempotent;
   template <typename Fn>
-  auto Retry(const CallContext& ctx, Fn&& fn) -> decltype(fn()) {
+  auto Retry(const CallContext& ctx, Idempotency idempotency, Fn&& fn) -> decltype(fn()) {
     using Result = decltype(fn());
     if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
     std::unique_ptr<RetryPolicy> retry;
@@ -286,7 +294,7 @@ class GcsObjectStore final : public ObjectStore {
       backoff = o_.make_backoff();
     }
     ContextSleeper sleeper(ctx, o_.sleeper);
-    auto result = RetryLoop(*retry, *backoff, sleeper, [&]() -> Result {
+    auto result = RetryLoop(*retry, *backoff, idempotency, sleeper, [&]() -> Result {
       if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
       return fn();
     });
@@ -337,7 +345,7 @@ class GcsObjectStore final : public ObjectStore {
   // short at once if the context is cancelled meanwhile.
   StatusOr<HttpResponse> Perform(HttpRequest req, const CallContext& ctx) {
     if (auto s = ctx.Check(req.method + " " + req.url); !s.ok()) return s;
-    auto auth = tokens_->AuthorizationHeader();
+    auto auth = tokens_->AuthorizationHeader(ctx);
     if (!auth.ok()) return auth.status();
     if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
     if (ctx.deadline) {
@@ -421,7 +429,9 @@ class GcsObjectStore final : public ObjectStore {
   // asked how much it has, and the upload goes on from there.
   StatusOr<ObjectInfo> Resumable(const std::string& name, const std::string& path, std::size_t size,
                                  const Precondition& pre, const CallContext& ctx) {
-    auto session = Retry(ctx, [&]() -> StatusOr<std::string> {
+    // A second session for the same object is harmless: only the one
+    // that is finished writes it.
+    auto session = Retry(ctx, Idempotency::kIdempotent, [&]() -> StatusOr<std::string> {
       auto req = Request("POST", fmt::format("{}/upload/storage/v1/b/{}/o?uploadType=resumable{}", o_.endpoint, o_.bucket,
                                              Query(pre, '&')));
       req.headers = {{"Content-Type", "application/json; charset=UTF-8"},
@@ -443,7 +453,7 @@ class GcsObjectStore final : public ObjectStore {
     std::size_t crc_upto = 0;
     std::uint32_t final_crc = 0;  // of the whole file, once the last chunk was sent
     bool need_query = false;      // after a failure: ask the session where it is
-    return Retry(ctx, [&]() -> StatusOr<ObjectInfo> {
+    return Retry(ctx, kWrite, [&]() -> StatusOr<ObjectInfo> {
       for (;;) {
         if (need_query) {
           auto req = Request("PUT", *session);

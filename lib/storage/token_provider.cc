@@ -10,18 +10,21 @@ namespace {
 
 class NoAuth final : public TokenProvider {
  public:
-  StatusOr<std::string> AuthorizationHeader() override { return std::string(); }
+  using TokenProvider::AuthorizationHeader;
+  StatusOr<std::string> AuthorizationHeader(const CallContext&) override { return std::string(); }
 };
 
 }  // namespace
 
 std::unique_ptr<TokenProvider> MakeNoAuthTokenProvider() { return std::make_unique<NoAuth>(); }
 
-StatusOr<std::string> MetadataTokenProvider::AuthorizationHeader() {
+StatusOr<std::string> MetadataTokenProvider::AuthorizationHeader(const CallContext& ctx) {
+  // A caller waiting here for another's fetch waits at most that fetch's
+  // own bound (10 s, or its context's).
   std::lock_guard lk(mu_);
   auto now = clock_.Now();
   if (!header_.empty() && now < refresh_at_) return header_;
-  auto r = client_->Get("instance/service-accounts/default/token");
+  auto r = client_->Get("instance/service-accounts/default/token", ctx);
   if (!r.ok()) {
     if (r.status().code() == StatusCode::kNotFound) {
       return PermissionDeniedError("this VM has no service account (metadata has no default token); "

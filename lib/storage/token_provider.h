@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/cancel.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "metadata/metadata_client.h"
@@ -17,8 +18,10 @@ namespace spotvisor {
 class TokenProvider {
  public:
   virtual ~TokenProvider() = default;
-  // The Authorization header value ("Bearer ..."), or "" for no auth.
-  virtual StatusOr<std::string> AuthorizationHeader() = 0;
+  // The Authorization header value ("Bearer ..."), or "" for no auth. A
+  // token fetch is bounded by `ctx` (its deadline, its cancellation).
+  virtual StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) = 0;
+  StatusOr<std::string> AuthorizationHeader() { return AuthorizationHeader(Background()); }
 };
 
 // STORAGE_EMULATOR_HOST turns authentication off, as in Google's libraries.
@@ -28,7 +31,8 @@ class MetadataTokenProvider final : public TokenProvider {
  public:
   MetadataTokenProvider(std::unique_ptr<MetadataClient> client, const Clock& clock)
       : client_(std::move(client)), clock_(clock) {}
-  StatusOr<std::string> AuthorizationHeader() override;
+  using TokenProvider::AuthorizationHeader;
+  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override;
 
  private:
   std::unique_ptr<MetadataClient> client_;

@@ -17,8 +17,13 @@ class FakeClock final : public Clock {
 // Records token requests; each answer is a new token lasting `expires_in`.
 class TokenMetadata final : public MetadataClient {
  public:
-  StatusOr<MetadataValue> Get(const std::string& path) override {
+  using MetadataClient::Get;
+  StatusOr<MetadataValue> Get(const std::string& path, const CallContext& ctx) override {
     paths.push_back(path);
+    if (block) {  // a metadata server that never answers: only the context ends the wait
+      while (!ctx.cancelled()) ctx.cancel->WaitFor(std::chrono::milliseconds(50));
+      return CancelledError("metadata " + path + ": cancelled");
+    }
     if (fail) return UnavailableError("503");
     if (!raw.empty()) return MetadataValue{raw, ""};
     return MetadataValue{R"({"access_token":"t)" + std::to_string(paths.size()) + R"(","expires_in":)" +
@@ -35,6 +40,7 @@ class TokenMetadata final : public MetadataClient {
   std::vector<std::string> paths;
   int expires_in = 3599;
   bool fail = false;
+  bool block = false;
   std::string raw;  // when set, the answer as is
 };
 
@@ -71,6 +77,20 @@ TEST_CASE("a token answer with a wrongly typed or huge expires_in is not a crash
     auto h = p.AuthorizationHeader();
     if (h.ok()) CHECK(*h == "Bearer a");  // 1e400 is not JSON at all: an error, also fine
   }
+}
+
+TEST_CASE("a token fetch is bounded by the caller's context: a stop cuts a hung metadata server short") {
+  FakeClock clock;
+  auto md = std::make_unique<TokenMetadata>();
+  md->block = true;
+  auto* m = md.get();
+  MetadataTokenProvider tokens(std::move(md), clock);
+  CallContext ctx;
+  ctx.cancel = std::make_shared<CancelSource>();
+  ctx.cancel->Cancel();  // the stop came first; without the context this would wait forever
+  auto r = tokens.AuthorizationHeader(ctx);
+  CHECK(r.status().code() == StatusCode::kCancelled);
+  CHECK(m->paths.size() == 1);
 }
 
 }  // namespace

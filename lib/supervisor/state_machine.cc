@@ -404,7 +404,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        });
     on(kRestarting, deadline,
        "`max-runtime` reached: no restart, the final sync or the end; else restart-delay is over: spawn the trainer, "
-       "or → `restarting/sync` while its sync runs",
+       "or → `restarting/sync` while its sync runs; there, `restart.sync_timeout`: spawn the trainer without it",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.OnRestartDeadline(now, out); });
     on(kRestarting, preempted, "no restart: the final sync (`syncing`) with a `bucket`, or the run ends",
        [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) { m.StopFromIdle(EndReason::kPreempted, now, out); });
@@ -553,7 +553,7 @@ std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) con
     case State::kDrainingKill: return now + options_.kill_grace;
     case State::kRestartingSyncDelay:
     case State::kRestartingDelay: return earliest(restart_at_, max_runtime_at_);
-    case State::kRestartingSync: return max_runtime_at_;
+    case State::kRestartingSync: return earliest(now + options_.final_sync_timeout, max_runtime_at_);
     case State::kSyncing: return final_sync_end_;
     case State::kSyncCancelled: return std::min(final_sync_end_, now + kCancelGrace);
     case State::kHolding: return now + options_.on_failure_hold;
@@ -586,7 +586,7 @@ static const char* DeadlineDoc(State s) {
     case State::kDrainingKill: return "5 s";
     case State::kRestartingSyncDelay:
     case State::kRestartingDelay: return "`restart-delay` (doubled per quick crash, ≤ 5 min), or `max-runtime` if sooner";
-    case State::kRestartingSync: return "`max-runtime`, else none";
+    case State::kRestartingSync: return "10 min (a restart does not wait longer for its sync), or `max-runtime` if sooner";
     case State::kSyncing: return "10 min; after a preemption, what is left of `preemption-window` less 3 s";
     case State::kSyncCancelled: return "10 s, within the sync's own deadline";
     case State::kHolding: return "`on-failure-hold`";
@@ -778,6 +778,11 @@ void StateMachine::OnRestartDeadline(SteadyTime now, std::vector<Action>& out) {
   if (state_ == State::kRestartingSyncDelay) {
     Transition(State::kRestartingSync, now, "restart-delay is over; waiting for the restart's sync");
     return;
+  }
+  if (state_ == State::kRestartingSync) {
+    Log(Severity::kWarning, "restart.sync_timeout",
+        fmt::format("the restart's sync did not finish within {}: restarting the trainer without it",
+                    FormatDuration(options_.final_sync_timeout)));
   }
   out.push_back(SpawnTrainer{/*resumed=*/true, restarts_});
 }

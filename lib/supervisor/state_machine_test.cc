@@ -1045,7 +1045,7 @@ TEST_CASE("a restart waits for both its sync and restart-delay, in either order"
     } else {
       CHECK(h.Advance(10s).empty());
       CHECK(h.machine.state() == State::kRestartingSync);
-      CHECK_FALSE(h.machine.deadline());  // no max-runtime: only the sync ends it
+      CHECK(*h.machine.deadline() - h.now == 10min);  // not forever: a hung sync does not hold the restart
       CHECK(Only<SpawnTrainer>(h.On(SyncDone{true, false})).restart_count == 1);
     }
   }
@@ -1056,6 +1056,27 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+TEST_CASE("a restart's sync that never ends does not hold the restart: 10 min, then the trainer starts anyway") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.restart_on_failure = true;
+  o.restart_delay = 10s;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  h.now += 5min;
+  h.On(TrainerExited{100, 1, 0});
+  h.On(LeftoversGone{});
+  h.Advance(10s);
+  REQUIRE(h.machine.state() == State::kRestartingSync);
+  CHECK(Only<SpawnTrainer>(h.Advance(10min)).resumed);
+  CHECK(h.Logged("restart.sync_timeout"));
+  h.On(TrainerSpawned{101});
+  CHECK(h.machine.phase() == Phase::kRunning);
+  CHECK(h.On(SyncDone{true, false}).empty());  // the late answer changes nothing
 }
 
 TEST_CASE("docs/architecture.md holds the state table generated from the code") {

@@ -158,10 +158,12 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       deadline_timer_(io),
       sync_timer_(io),
       idle_timer_(io),
-      watchdog_timer_(io),
-      extend_timer_(io) {
+      watchdog_timer_(io) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
   boot_id_ = BootId();
+  observers_.push_back(std::make_unique<StatusFileObserver>(options_.config.state_dir, clock_, logger_));
+  if (options_.guest_attributes) observers_.push_back(std::make_unique<GuestAttributesObserver>(options_.guest_attributes));
+  if (options_.notifier) observers_.push_back(std::make_unique<SystemdObserver>(io_, clock_, options_.notifier));
 }
 
 // Work still in flight (a stuck mount, a hung API) is cancelled and given a
@@ -223,49 +225,6 @@ void Supervisor::ArmWatchdog(std::chrono::microseconds interval) {
     options_.notifier->Notify("WATCHDOG=1");
     ArmWatchdog(interval);
   });
-}
-
-// While spotvisor stops (its stop ladder, the final sync, unmounts, on-exit),
-// systemd's stop timeout is pushed out to cover the current phase's own
-// deadline, so the work is bounded by spotvisor's deadlines, not cut short.
-void Supervisor::ArmStopExtension() {
-  auto extend = std::chrono::microseconds(std::chrono::seconds(30));
-  if (auto d = machine_.deadline()) {
-    auto left = std::chrono::duration_cast<std::chrono::microseconds>(*d - clock_.Now()) + std::chrono::seconds(15);
-    extend = std::max(extend, left);
-  }
-  options_.notifier->Notify(fmt::format("EXTEND_TIMEOUT_USEC={}", extend.count()));
-  extend_timer_.expires_after(std::chrono::seconds(10));
-  extend_timer_.async_wait([this](boost::system::error_code ec) {
-    if (!ec && !exited_) ArmStopExtension();
-  });
-}
-
-void Supervisor::NotifyService() {
-  if (!options_.notifier) return;
-  Phase p = machine_.phase();
-  auto reason = machine_.end_reason();
-  bool stopping = machine_.Ending();
-  std::string status = PhaseName(p);
-  if (reason) status += fmt::format(" ({})", EndReasonName(*reason));
-  if (trainer_pid_ > 0 && !trainer_reaped_) status += fmt::format("; trainer pid {}", trainer_pid_);
-  if (!last_sync_.is_null()) {
-    status += last_sync_.value("ok", false)
-                  ? fmt::format("; last sync #{} at {}", last_sync_.value("sequence", 0), last_sync_.value("time", ""))
-                  : fmt::format("; last sync FAILED at {}", last_sync_.value("time", ""));
-  }
-  std::string message;
-  if (status != notified_status_) {
-    notified_status_ = status;
-    message = "STATUS=" + status;
-  }
-  if (stopping && !stopping_notified_) {
-    stopping_notified_ = true;
-    message += message.empty() ? "STOPPING=1" : "\nSTOPPING=1";
-  }
-  if (message.empty()) return;
-  options_.notifier->Notify(message);
-  if (stopping_notified_ && !exited_) ArmStopExtension();
 }
 
 void Supervisor::NotifyPreempted() {
@@ -816,7 +775,7 @@ void Supervisor::Exit(int code) {
   sync_timer_.cancel();
   idle_timer_.cancel();
   watchdog_timer_.cancel();
-  extend_timer_.cancel();
+  for (auto& o : observers_) o->Close();
   compute_sleeper_.Cancel();
   io_.stop();
 }
@@ -827,44 +786,33 @@ void Supervisor::OnMachineEvent(LogEvent e) {
   last_machine_event_ = std::move(e);
 }
 
+RunView Supervisor::View(const LogEvent& last) const {
+  RunView v;
+  v.run_id = options_.config.run_id;
+  v.mode = options_.mode;
+  v.phase = PhaseName(machine_.phase());
+  v.state = StateName(machine_.state());
+  v.since = phase_since_;
+  if (trainer_pid_ > 0 && !trainer_reaped_) v.trainer_pid = trainer_pid_;
+  if (auto r = machine_.end_reason()) v.reason = EndReasonName(*r);
+  if (machine_.phase() == Phase::kDone) v.exit_code = machine_.exit_code();
+  v.deadline = machine_.deadline();
+  v.ending = machine_.Ending();
+  if (options_.sync) v.bucket = options_.sync->Describe();
+  v.last_event = last.event;
+  v.last_message = last.message;
+  v.last_sync = last_sync_;
+  v.spotvisor_pid = getpid();
+  v.start_time_ticks = start_time_ticks_;
+  v.boot_id = boot_id_;
+  return v;
+}
+
+// Every observer hears of every change, after the event's actions: nothing
+// may delay a signal to the trainer.
 void Supervisor::WriteStatus(const LogEvent& last) {
-  auto const& c = options_.config;
-  nlohmann::json j = {
-      {"run_id", c.run_id},
-      {"mode", options_.mode},
-      {"phase", PhaseName(machine_.phase())},
-      {"since", FormatRfc3339(phase_since_)},
-      {"spotvisor_pid", getpid()},
-      {"trainer_pid", trainer_pid_ > 0 && !trainer_reaped_ ? nlohmann::json(trainer_pid_) : nlohmann::json(nullptr)},
-      {"last_event", {{"event", last.event}, {"message", last.message}, {"time", FormatRfc3339(clock_.WallNow())}}},
-  };
-  if (auto r = machine_.end_reason()) j["reason"] = EndReasonName(*r);
-  if (!last_sync_.is_null()) j["last_sync"] = last_sync_;
-  // Identifies this process beyond its pid (`spotvisor sync` checks it).
-  if (start_time_ticks_) j["start_time_ticks"] = *start_time_ticks_;
-  if (!boot_id_.empty()) j["boot_id"] = boot_id_;
-  if (options_.sync) j["bucket"] = options_.sync->Describe();
-  if (machine_.phase() == Phase::kDone) j["exit_code"] = machine_.exit_code();
-  if (auto d = machine_.deadline()) {
-    j["deadline"] = FormatRfc3339(clock_.WallNow() + std::chrono::duration_cast<std::chrono::system_clock::duration>(*d - clock_.Now()));
-  }
-  if (options_.guest_attributes) {
-    options_.guest_attributes->Set({
-        {"phase", PhaseName(machine_.phase())},
-        {"since", j["since"].get<std::string>()},
-        {"trainer_pid", j["trainer_pid"].is_null() ? "" : std::to_string(j["trainer_pid"].get<int>())},
-        // Text from outside (a trainer's line, a path) may not be UTF-8: escaped, never thrown on.
-        {"last_event", j["last_event"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)},
-        {"last_sync", last_sync_.is_null() ? "" : last_sync_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)},
-        {"reason", j.value("reason", "")},
-    });
-  }
-  NotifyService();
-  auto s = WriteStatusFile(c.state_dir, j);
-  if (!s.ok() && s.message() != status_error_) {
-    status_error_ = s.message();
-    logger_.Warn("status.write_failed", "cannot write status.json: " + s.message());
-  }
+  auto view = View(last);
+  for (auto& o : observers_) o->OnChange(view);
 }
 
 }  // namespace spotvisor

@@ -17,6 +17,7 @@
 #include "log/logger.h"
 #include "output/line_assembler.h"
 #include "process/spawn.h"
+#include "supervisor/observers.h"
 #include "supervisor/state_machine.h"
 #include "activity/activity.h"
 #include "compute/compute_client.h"
@@ -92,11 +93,11 @@ class Supervisor {
   OnExit OnExitFor(EndReason reason) const;
   void Exit(int code);
   void OnMachineEvent(LogEvent e);
+  // Tells every observer (status.json, guest attributes, systemd).
   void WriteStatus(const LogEvent& last);
-  // READY/STATUS/STOPPING/EXTEND_TIMEOUT_USEC/WATCHDOG to systemd.
-  void NotifyService();
+  RunView View(const LogEvent& last) const;
+  // WATCHDOG=1 from the loop itself (READY=1 is sent at the start).
   void ArmWatchdog(std::chrono::microseconds interval);
-  void ArmStopExtension();
   void CheckLeftoversGone();
   // Restore and sync block on the network: they run on threads of their own
   // and post their result back to the loop.
@@ -119,9 +120,7 @@ class Supervisor {
   boost::asio::steady_timer sync_timer_;
   boost::asio::steady_timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;
-  boost::asio::steady_timer extend_timer_;
-  std::string notified_status_;  // the last STATUS= sent
-  bool stopping_notified_ = false;
+  std::vector<std::unique_ptr<RunObserver>> observers_;
   std::unique_ptr<ActivitySampler> sampler_;
   std::optional<IdleDetector> idle_;
   // Every piece of blocking work in flight has a cancel source here; a stop
@@ -146,7 +145,6 @@ class Supervisor {
   int exit_code_ = 0;
   WallTime phase_since_{};
   std::optional<LogEvent> last_machine_event_;  // written to status.json after the actions
-  std::string status_error_;  // last status.json write failure, logged once
   std::optional<std::uint64_t> start_time_ticks_;  // /proc/self/stat field 22, for status.json
   std::string boot_id_;
   // Last: destroyed first, after its tasks were cancelled and given a bound.

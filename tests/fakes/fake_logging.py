@@ -10,7 +10,12 @@ Checks (a violation answers 400 with the reason, as the API does):
     characters, for this project;
   - severity, if present, is one of Cloud Logging's names; timestamp is RFC 3339;
   - each entry is at most 256 KB.
+  - insertId, if present, is a string.
 fault(code, count) answers `code` (e.g. 429, 503) to the next `count` requests;
+fault(code, count, applied=True) writes the entries first, then answers `code`
+(a lost answer: the write landed, the client heard a failure).
+distinct(log_id) is what a query returns: entries with the same logName,
+timestamp and insertId count once, as Cloud Logging documents for insertId.
 delay_ms = N makes every request take N ms longer (a slow API, to fill the
 client's queue).
 Not implemented: partialSuccess per-entry errors, entries.list/tail, log
@@ -57,9 +62,19 @@ class FakeLoggingServer:
     def endpoint(self):
         return f"http://127.0.0.1:{self.port}"
 
-    def fault(self, code, count=1):
+    def fault(self, code, count=1, applied=False):
         with self._lock:
-            self._faults += [code] * count
+            self._faults += [(code, applied)] * count
+
+    def distinct(self, log_id=None):
+        seen, out = set(), []
+        for e in self.entries(log_id):
+            key = (e["logName"], e.get("timestamp"), e.get("insertId"))
+            if e.get("insertId") is not None and key in seen:
+                continue
+            seen.add(key)
+            out.append(e)
+        return out
 
     def entries(self, log_id=None):
         with self._lock:
@@ -80,8 +95,9 @@ class FakeLoggingServer:
     def _write(self, path, auth, body):
         with self._lock:
             self._requests.append({"path": path, "bytes": len(body), "auth": bool(auth)})
-            if self._faults:
-                code = self._faults.pop(0)
+            fault = self._faults.pop(0) if self._faults else None
+            if fault and not fault[1]:
+                code = fault[0]
                 return code, {"error": {"code": code, "message": f"injected {code}"}}
         if path.split("?")[0] != "/v2/entries:write":
             return 404, {"error": {"code": 404, "message": f"no such method {path}"}}
@@ -112,10 +128,14 @@ class FakeLoggingServer:
                 return self._bad(f"entries[{i}].severity: \"{e['severity']}\" is not a LogSeverity")
             if "timestamp" in e and not _RFC3339.match(e["timestamp"]):
                 return self._bad(f"entries[{i}].timestamp: not RFC 3339")
+            if "insertId" in e and not isinstance(e["insertId"], str):
+                return self._bad(f"entries[{i}].insertId: a string is required")
             if len(json.dumps(e)) > 256 * 1024:
                 return self._bad(f"entries[{i}]: entry too large (256 KB at most)")
             accepted.append(dict(e, logName=log_name, resource=resource))
         with self._lock:
             self._entries += accepted
             self._lock.notify_all()
+        if fault:
+            return fault[0], {"error": {"code": fault[0], "message": f"injected {fault[0]} after the write was applied"}}
         return 200, {}

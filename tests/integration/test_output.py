@@ -174,6 +174,23 @@ class CloudLoggingTest(SpotvisorTestCase):
         # stdout keeps the JSON lines too, with the extra label.
         self.assertEqual(p.wait_event("run.end")["logging.googleapis.com/labels"]["experiment"], "lr-sweep")
 
+    def test_a_batch_resent_after_a_lost_answer_adds_no_duplicates(self):
+        # The write lands, the answer says 503: spotvisor resends the batch
+        # (entries.write is retried as idempotent) and the insertIds make
+        # Cloud Logging count each entry once.
+        self.logging.fault(503, count=2, applied=True)
+        p, code = self.run_api(["--print", "hello", "--run-for", "2"])
+        self.assertEqual(code, 0)
+        entries = self.logging.entries()
+        ids = [e.get("insertId") for e in entries]
+        self.assertTrue(all(isinstance(i, str) and i for i in ids), "every entry has an insertId")
+        self.assertGreater(len(entries), len(set(ids)), "the lost answers made spotvisor resend (the fake kept both copies)")
+        distinct = self.logging.distinct()
+        self.assertEqual(len(distinct), len(set(ids)))
+        events = [e["jsonPayload"]["event"] for e in distinct if e["logName"].endswith("/logs/spotvisor")]
+        self.assertEqual(events.count("run.end"), 1)
+        self.assertEqual(len([e for e in distinct if e["jsonPayload"].get("message") == "hello"]), 1)
+
     def test_a_flood_is_dropped_and_counted_exactly_never_blocking(self):
         self.logging.delay_ms = 50  # ~10,000 entries/s at most: a 100,000-line burst must overflow the queue
         lines = 100000
