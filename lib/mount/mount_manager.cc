@@ -268,6 +268,24 @@ Status MountManager::MountScratch() {
   return OkStatus();
 }
 
+// A mount this configuration would have made: the same driver's FUSE type
+// and the same bucket as its source.
+bool MountManager::IsOurBucketMount(const MountEntry& e) const {
+  std::string bucket = BucketName(o_.bucket);
+  if (o_.driver == "rclone") {
+    // rclone names the source REMOTE:BUCKET, with a {hash} after the remote
+    // when its options come from the environment: spotvisorgcs{beGLi}:BUCKET.
+    const std::string remote = "spotvisorgcs", tail = ":" + bucket;
+    if (e.fstype != "fuse.rclone" || e.source.rfind(remote, 0) != 0 || e.source.size() < remote.size() + tail.size() ||
+        e.source.compare(e.source.size() - tail.size(), tail.size(), tail) != 0) {
+      return false;
+    }
+    auto middle = e.source.substr(remote.size(), e.source.size() - remote.size() - tail.size());
+    return middle.empty() || (middle.front() == '{' && middle.back() == '}' && middle.find_first_of(":/") == std::string::npos);
+  }
+  return (e.fstype == "fuse.gcsfuse" || e.fstype == "fuse") && e.source == bucket;
+}
+
 Status MountManager::MountBucket() {
   auto t0 = clock_.Now();
   std::vector<std::string> env = o_.base_env;
@@ -291,6 +309,16 @@ Status MountManager::MountBucket() {
       // The FUSE daemon of an earlier spotvisor died with it.
       Event(Severity::kWarning, "mount.stale",
             fmt::format("{} is a dead FUSE mount ({}) left by an earlier run: detaching it", o_.bucket_mount, (*existing)->fstype),
+            {{"what", "bucket"}, {"dir", o_.bucket_mount}});
+      if (auto s = mounter_.Unmount(o_.bucket_mount, true); !s.ok()) return s;
+    } else if (IsOurBucketMount(**existing)) {
+      // The same bucket by the same driver, still served: the driver of a
+      // spotvisor that was killed (kill -9, a crash) outlived it. Restarting
+      // must not fail the run (and power the VM off) over it: detach it (the
+      // driver exits once its mount is gone) and mount afresh.
+      Event(Severity::kWarning, "mount.stale",
+            fmt::format("{} is still mounted ({} {}) by the driver of an earlier run: detaching it and mounting afresh",
+                        o_.bucket_mount, (*existing)->fstype, (*existing)->source),
             {{"what", "bucket"}, {"dir", o_.bucket_mount}});
       if (auto s = mounter_.Unmount(o_.bucket_mount, true); !s.ok()) return s;
     } else {

@@ -91,6 +91,7 @@ class MountManager {
   Status MountDataset();
   Status MountScratch();
   Status MountBucket();
+  bool IsOurBucketMount(const MountEntry& e) const;
   Status PrepareMountPoint(const std::string& dir);
   // What is mounted at dir now, if anything.
   StatusOr<std::optional<MountEntry>> At(const std::string& dir);

@@ -1042,7 +1042,12 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     // (bytes_uploaded counts every byte sent, earlier snapshots' too).
     stats.files_uploaded = static_cast<int>(fresh.size());
     for (auto& [rel, u] : fresh) next[rel] = u;
-    if (auto c = Commit(seq, next, j.by == "marker", ctx); !c.ok()) return c;
+    // The manifest's `marker`: the trainer uses the completion marker (judged
+    // by it, or it was there), so a restore puts it back. Sticky: a VM that
+    // restores a marker-using run must not judge that run's saves by
+    // sync-settle alone.
+    bool uses_marker = j.by == "marker" || scan.marker.has_value() || marker_committed_;
+    if (auto c = Commit(seq, next, uses_marker, ctx); !c.ok()) return c;
     deferrals_ = 0;
     stats.state_warning = RememberCommit(marker_committed_);
     if (!ctx.urgent) CollectGarbage(seq, ctx, stats);

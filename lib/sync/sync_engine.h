@@ -170,7 +170,7 @@ class SyncEngine {
   std::mutex mu_;
   FileMap state_;  // path relative to checkpoint_dir -> what the committed manifest holds
   bool restored_ = false;
-  bool marker_committed_ = false;         // the last commit was judged by the marker
+  bool marker_committed_ = false;         // the last commit says the trainer uses the marker
   std::int64_t manifest_generation_ = 0;  // 0: no manifest (commit only if none appeared)
   std::int64_t sequence_ = 0;
   std::string commit_id_;                 // of the last commit this VM made or restored

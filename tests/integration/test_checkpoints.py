@@ -3,6 +3,8 @@ against the fake Cloud Storage server: lost answers, two VMs on one run-id,
 two files saved one after the other, Hugging Face rotation, saves faster than
 sync-settle, restores for the trainer's user, restarts with newer local
 files, names the store cannot hold, and a final sync inside the Spot window.
+CheckpointThroughMountTest runs the checks that fit again with
+`sync-via = mount`: through a real rclone FUSE mount of the same fake server.
 
 The trainer is tests/integration/ckpt_trainer.py: every file it writes
 starts with "step=N path=REL", so a commit can be checked to be one save.
@@ -10,6 +12,7 @@ starts with "step=N path=REL", so a commit can be checked to be one save.
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import threading
@@ -19,6 +22,8 @@ import unittest
 from harness import SpotvisorTestCase, wait_until, WAIT
 
 PYTHON = "/usr/bin/python3"  # Debian's, whatever is first on PATH
+CAN_FUSE = (os.geteuid() == 0 and os.path.exists("/dev/fuse") and shutil.which("fusermount3")
+            and shutil.which("rclone"))
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckpt_trainer.py")
 
 
@@ -30,6 +35,7 @@ def step_of(data):
 class CheckpointTest(SpotvisorTestCase):
     BUCKET = "ckpt-bucket"
     PREFIX = "exp/run1/"
+    VIA_MOUNT = False  # sync-via = mount, each VM with its own rclone mount
 
     def setUp(self):
         super().setUp()
@@ -42,6 +48,8 @@ class CheckpointTest(SpotvisorTestCase):
     def vm(self, trainer_args, ckpt="ckpt", state="state", env=None, **sets):
         base = {"bucket": f"gs://{self.BUCKET}/exp", "run-id": "run1", "checkpoint-dir": self.path(ckpt),
                 "state-dir": self.path(state), "sync-interval": "0", "sync-settle": "2s"}
+        if self.VIA_MOUNT:
+            base.update({"bucket-mount": self.path(f"mnt-{ckpt}"), "mount-driver": "rclone", "sync-via": "mount"})
         base.update(sets)
         e = dict(self.store_env)
         e.update(env or {})
@@ -250,7 +258,7 @@ class CheckpointTest(SpotvisorTestCase):
         bucket = self.committed()[1]["latest.ckpt"]
         self.assertGreater(step_of(local), step_of(bucket), "the disk is ahead of the bucket")
         p2 = self.vm(["--layout", "single", "--steps", "1", "--marker"])
-        self.assertEqual(p2.wait_exit(), 0)
+        self.assertEqual(p2.wait_exit(), 0, "".join(p2.raw[-25:]))
         kept = p2.wait_event("restore.kept_local")
         self.assertEqual(kept["local_changes"], 1)
         self.assertIn(f"resumed {step_of(local)}", self.trainer_log(), "resumed from the newer local file, not rolled back")
@@ -313,6 +321,38 @@ class CheckpointTest(SpotvisorTestCase):
             for n in dirs + files:
                 st = os.lstat(os.path.join(d, n))
                 self.assertEqual((st.st_uid, st.st_gid), (nobody.pw_uid, nobody.pw_gid), n)
+
+
+
+@unittest.skipUnless(CAN_FUSE, "needs root, /dev/fuse, fusermount3 (fuse3) and rclone")
+class CheckpointThroughMountTest(CheckpointTest):
+    """The same checks with `sync-via = mount`: spotvisor writes the
+    checkpoint into a real rclone FUSE mount of the fake GCS server (where
+    gcsfuse would be on GCE), and commits through it."""
+    VIA_MOUNT = True
+
+    def setUp(self):
+        super().setUp()
+        self.addCleanup(self._unmount_leftovers)
+
+    def _unmount_leftovers(self):
+        with open("/proc/self/mountinfo") as f:
+            mps = [l.split()[4] for l in f if l.split()[4].startswith(self.tmp)]
+        for mp in reversed(mps):
+            subprocess.run(["umount", "-l", mp], capture_output=True)
+
+    @unittest.skip("injects faults into spotvisor's own JSON API requests; through the mount rclone makes them")
+    def test_a_lost_answer_to_the_commit_is_reconciled_and_the_run_goes_on(self):
+        pass
+
+    @unittest.skip("not guaranteed through a mount (docs/mounts.md): each VM's FUSE driver caches the bucket's "
+                   "listing, so the second VM does not see the first one's manifest and its commit replaces it")
+    def test_two_vms_on_one_run_id_the_loser_says_so_once_and_never_touches_the_winner(self):
+        pass
+
+    @unittest.skip("a write blocked in a FUSE mount cannot be cut short by the Spot window; docs/mounts.md says so")
+    def test_a_final_sync_against_a_failing_store_ends_inside_the_spot_window(self):
+        pass
 
 
 if __name__ == "__main__":
