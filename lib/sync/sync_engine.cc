@@ -879,7 +879,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.WallNow().time_since_epoch()).count();
       j = Judge(scan, mode, now_ns, o_);
       if (j.complete || n + 1 >= max_scans) break;
-      bool slept = o_.sleeper ? o_.sleeper->SleepFor(quiet) : ctx.SleepFor(quiet);
+      bool slept = Wait(quiet, ctx);
       if (!slept) return ctx.Check("syncing").ok() ? CancelledError("syncing: cancelled") : ctx.Check("syncing");
     }
     for (auto const& name : scan.unstorable) {
@@ -1085,10 +1085,14 @@ Status SyncEngine::WriteDone(int exit_code, const CallContext& ctx) {
   // An abandoned upload may land after that listing (issue #11, soak seed
   // 5111): one more pass a little later. A later boot that finds DONE
   // collects again (CollectAfterDone) for anything later still.
-  if (abandoned_uploads_.load() > 0 && o_.late_collection.count() > 0 && ctx.SleepFor(o_.late_collection)) {
+  if (abandoned_uploads_.load() > 0 && o_.late_collection.count() > 0 && Wait(o_.late_collection, ctx)) {
     CollectGarbage(std::numeric_limits<std::int64_t>::max(), ctx, ignored);
   }
   return OkStatus();
+}
+
+bool SyncEngine::Wait(std::chrono::milliseconds d, const CallContext& ctx) const {
+  return o_.sleeper ? o_.sleeper->SleepFor(d) : ctx.SleepFor(d);
 }
 
 int SyncEngine::CollectAfterDone(const CallContext& ctx) {

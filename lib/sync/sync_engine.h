@@ -73,7 +73,8 @@ struct SyncOptions {
   // files and directories are given to it.
   std::optional<uid_t> owner_uid;
   std::optional<gid_t> owner_gid;
-  // Waits between snapshot attempts; null: real waits through the context.
+  // Waits between snapshot attempts and before DONE's second collection;
+  // null: real waits through the context.
   Sleeper* sleeper = nullptr;
   // Periodic syncs deferred in a row before the one warning that the
   // trainer saves faster than sync-settle.
@@ -160,6 +161,8 @@ class SyncEngine {
   // does not name is garbage. Run by a boot that finds DONE (mu_ held), so
   // uploads that landed after the finishing VM's collection do not stay.
   int CollectAfterDone(const CallContext& ctx);
+  // The injected sleeper (tests), else a real wait cut short by `ctx`.
+  bool Wait(std::chrono::milliseconds d, const CallContext& ctx) const;
   struct Pending;
   // Writes state_file; `pending`: a commit about to be made (written ahead).
   std::string RememberCommit(bool marker, const Pending* pending = nullptr);

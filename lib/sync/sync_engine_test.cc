@@ -968,8 +968,10 @@ TEST_CASE("an abandoned upload that lands after DONE's collection is collected b
     CAPTURE(second_pass);
     Dirs d;
     FakeClock clock;
+    ClockSleeper sleeper(clock);  // no real wait: the fake clock moves
     auto o = Options(d.ckpt);
-    o.late_collection = second_pass ? std::chrono::milliseconds(1) : std::chrono::milliseconds(0);
+    o.sleeper = &sleeper;
+    o.late_collection = second_pass ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0);
     auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
     auto* h = hook.get();
     SyncEngine e(std::move(hook), o, clock);
