@@ -50,6 +50,11 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
   // Allow roughly one typo per four characters, at least two.
   std::size_t best_distance = std::max<std::size_t>(2, word.size() / 4) + 1;
   for (auto const& c : candidates) {
+    // The distance is at least the difference in length: a candidate that far
+    // off cannot win, and skipping it keeps a long unknown key (any bytes from
+    // a file or metadata) from costing length x candidates x key length.
+    auto gap = word.size() > c.size() ? word.size() - c.size() : c.size() - word.size();
+    if (gap >= best_distance) continue;
     auto d = EditDistance(word, c);
     if (d < best_distance) {
       best_distance = d;

@@ -312,8 +312,12 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
   o.workdir = c.workdir;
   o.user = options_.user;
   o.capture_output = true;
+  // Remembered before the trainer can write anything: if spotvisor dies while
+  // it runs, the next start knows local changes may be a save cut off.
+  NoteTrainerRunning(true);
   auto spawned = Spawn(o);
   if (!spawned.ok()) {
+    NoteTrainerRunning(false);
     // 127: not found, 126: found but not runnable, as shells and tini report it.
     int code = spawned.status().code() == StatusCode::kNotFound ? 127 : 126;
     Dispatch(TrainerSpawnFailed{spawned.status().message(), code});
@@ -361,6 +365,11 @@ void Supervisor::ArmIdleTimer() {
   });
 }
 
+void Supervisor::NoteTrainerRunning(bool running) {
+  if (!options_.sync) return;
+  if (auto w = options_.sync->NoteTrainerRunning(running); !w.empty()) logger_.Warn("sync.state_not_saved", w);
+}
+
 void Supervisor::StartRestore() {
   auto engine = options_.sync;
   logger_.Info("restore.start", fmt::format("looking for a checkpoint in {}", engine->Describe()),
@@ -388,7 +397,9 @@ void Supervisor::StartRestore() {
                                          r->local_changes, options_.config.checkpoint_dir, r->sequence),
                              {{"sequence", r->sequence}, {"local_changes", r->local_changes}}});
       } else if (r->resumed) {
-        if (!r->bucket_won.empty()) logger_.Warn("restore.bucket_newer", r->bucket_won, {{"sequence", r->sequence}});
+        if (!r->bucket_won.empty()) {
+          logger_.Warn("restore.bucket_newer", r->bucket_won, {{"sequence", r->sequence}, {"set_aside", r->set_aside}});
+        }
         logger_.Info("restore.complete",
                      fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s", r->sequence,
                                  r->files, r->files_downloaded, r->bytes_downloaded, r->seconds),
@@ -614,6 +625,7 @@ void Supervisor::Reap() {
   options_.children->ReapAll([this](pid_t pid, int status) {
     if (pid == trainer_pid_) {
       trainer_reaped_ = true;
+      NoteTrainerRunning(false);
       for (auto& p : pumps_) p->DrainNow(OutputPump::kReadsAtExit);
       Dispatch(TrainerExited{pid, WIFEXITED(status) ? WEXITSTATUS(status) : 0,
                              WIFSIGNALED(status) ? WTERMSIG(status) : 0,

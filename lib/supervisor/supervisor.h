@@ -102,6 +102,7 @@ class Supervisor {
   // Restore and sync block on the network: they run on threads of their own
   // and post their result back to the loop.
   void StartRestore();
+  void NoteTrainerRunning(bool running);
   void StartMounts();
   void StartUnmounts();
   // `final_sync`: the deadline and urgency of a final sync (else none).

@@ -24,6 +24,12 @@ inline constexpr char kCompleteMarker[] = ".spotvisor-complete";
 // Local copies of a snapshot (periodic syncs of trainers that save faster
 // than an upload takes), inside the checkpoint dir so a copy stays on its disk.
 inline constexpr char kStagingDir[] = ".spotvisor-staging";
+// Local files a restore could not trust (changed after the last commit while
+// the trainer was running when spotvisor stopped, with no marker to vouch for
+// them, or cut off mid-save by the marker's word): moved here, not deleted,
+// before the bucket's commit is put back. Never synced; replaced by the next
+// restore that sets files aside.
+inline constexpr char kSetAsideDir[] = ".spotvisor-unverified";
 
 struct ManifestEntry {
   std::string path, object;

@@ -126,7 +126,7 @@ Status Walk(const std::string& root, const std::string& rel_dir, int depth, Scan
       return ErrnoToStatus(errno, "reading " + Escaped(dir + "/" + name));
     }
     if (S_ISDIR(st.st_mode)) {
-      if (depth == 0 && name == kStagingDir) continue;
+      if (depth == 0 && (name == kStagingDir || name == kSetAsideDir)) continue;
       if (IsInProgressDir(name) || depth + 1 >= kMaxDepth) continue;
       if (auto s = Walk(root, rel, depth + 1, out); !s.ok()) return s;
       continue;
@@ -337,6 +337,44 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   return OkStatus();
 }
 
+// Moves every local file that `base` does not hold exactly as it is (same
+// size and mtime) into ROOT/.spotvisor-unverified/, replacing the set an
+// earlier restore put there, and removes directories the move left empty (a
+// half-written checkpoint-N/ must not stay for the trainer to resume from).
+// Returns how many files were moved. `scan` is of ROOT.
+StatusOr<int> SetAside(const std::string& root, const Scan& scan, const std::vector<ManifestEntry>& base,
+                       const SyncOptions& o) {
+  std::map<std::string, const ManifestEntry*> had;
+  for (auto const& e : base) had[e.path] = &e;
+  std::vector<std::string> move;
+  for (auto const& f : scan.files) {
+    auto it = had.find(f.rel);
+    if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) move.push_back(f.rel);
+  }
+  if (move.empty()) return 0;
+  auto aside = root + "/" + kSetAsideDir;
+  std::error_code ec;
+  fs::remove_all(aside, ec);  // a symlink there is removed, never followed
+  if (ec) return ErrnoToStatus(ec.value(), "removing the files an earlier restore set aside in " + Escaped(aside));
+  if (mkdir(aside.c_str(), 0755) != 0) return ErrnoToStatus(errno, "creating " + Escaped(aside));
+  if (auto g = GiveToOwner(aside, o, 0755); !g.ok()) return g;
+  int moved = 0;
+  for (auto const& rel : move) {
+    if (auto p = MakeParentsNoSymlinks(aside, rel, o); !p.ok()) return p;
+    if (rename((root + "/" + rel).c_str(), (aside + "/" + rel).c_str()) != 0) {
+      if (errno == ENOENT) continue;
+      return ErrnoToStatus(errno, "moving " + Escaped(root + "/" + rel) + " aside");
+    }
+    ++moved;
+    // Directories this emptied, innermost first; rmdir stops at one that
+    // still holds something.
+    for (auto dir = fs::path(rel).parent_path(); !dir.empty(); dir = dir.parent_path()) {
+      if (rmdir((root + "/" + dir.string()).c_str()) != 0) break;
+    }
+  }
+  return moved;
+}
+
 // "checkpoints/a/b~12.9f3c..." -> 12; legacy "checkpoints/a/b~12" -> 12.
 std::optional<std::int64_t> ObjectSequence(const std::string& name) {
   auto tilde = name.rfind('~');
@@ -501,6 +539,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     Manifest last;
     std::int64_t generation = -1;
     std::optional<Manifest> pending;
+    bool trainer_running = false;  // spotvisor stopped without seeing its trainer exit
   };
   std::optional<Record> record;
   if (!o_.state_file.empty()) {
@@ -520,7 +559,8 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
                       GetInt(j, "dir_dev") == static_cast<std::int64_t>(dst.st_dev) &&
                       GetInt(j, "dir_ino") == static_cast<std::int64_t>(dst.st_ino);
       if (r.ok() && same_dir && GetString(j, "run_id") == o_.run_id && GetString(j, "store") == store_->Describe()) {
-        Record rec{std::move(*r), GetInt(j, "generation").value_or(-1), std::nullopt};
+        Record rec{std::move(*r), GetInt(j, "generation").value_or(-1), std::nullopt, false};
+        if (auto t = j.find("trainer_running"); t != j.end() && t->is_boolean()) rec.trainer_running = t->get<bool>();
         if (auto p = j.find("pending"); p != j.end() && p->is_object()) {
           auto pm = ParseManifest(Dump(*p), o_.state_file + " (pending)", o_.checkpoint_dir);
           if (pm.ok() && !pm->commit_id.empty()) rec.pending = std::move(*pm);
@@ -537,6 +577,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     int newer = 0, missing = 0;
     bool torn = false;
     bool any = false;
+    bool marker = false;
   };
   auto local_vs = [&](const std::vector<ManifestEntry>& base) -> StatusOr<LocalState> {
     auto scan = ScanTree(o_.checkpoint_dir);
@@ -545,6 +586,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     for (auto const& e : base) had[e.path] = &e;
     LocalState ls;
     ls.any = !scan->files.empty();
+    ls.marker = scan->marker.has_value();
     for (auto const& f : scan->files) {
       auto it = had.find(f.rel);
       if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) ++ls.newer;
@@ -616,9 +658,15 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     // unless the trainer's marker says its last save was cut off.
     auto ls = local_vs(known->files);
     if (!ls.ok()) return ls.status();
+    // Changed while the trainer ran and spotvisor died (kill -9, crash,
+    // power cut): without the marker nothing says the trainer finished that
+    // save (an in-place torch.save cut off half-way looks like any other
+    // file), and keeping a torn file would roll the run back. The bucket's
+    // commit is the newest state known to be whole.
+    bool unverified = record->trainer_running && !ls->marker && ls->newer > 0;
     // Files only missing, nothing new: not newer work but lost files (a
     // cleaned disk); the bucket puts them back. Otherwise local wins.
-    if (!ls->torn && (ls->newer > 0 || ls->missing == 0)) {
+    if (!ls->torn && !unverified && (ls->newer > 0 || ls->missing == 0)) {
       FileMap files;
       for (auto const& e : known->files) files[e.path] = Uploaded{e.size, e.mtime_ns, e.crc, e.object, e.generation};
       adopt(std::move(files));
@@ -628,12 +676,32 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
       stats.seconds = Since(start, clock_);
       return stats;
     }
-    stats.bucket_won =
-        ls->torn ? fmt::format("the local checkpoint was cut off mid-save (files not older than {}): restoring commit #{} "
-                               "from the bucket",
-                               kCompleteMarker, m->sequence)
-                 : fmt::format("{} file(s) of commit #{} are missing here and nothing is newer: restoring them from the bucket",
-                               ls->missing, m->sequence);
+    if (ls->torn) {
+      stats.bucket_won = fmt::format("the local checkpoint was cut off mid-save (files not older than {}): restoring "
+                                     "commit #{} from the bucket",
+                                     kCompleteMarker, m->sequence);
+    } else if (unverified) {
+      stats.bucket_won = fmt::format(
+          "{} file(s) changed since commit #{} while the trainer was running when spotvisor stopped (killed, crashed or "
+          "powered off), and no {} says that save was complete: restoring commit #{} from the bucket. Have the trainer "
+          "run `spotvisor checkpoint --done` after each save so a complete one is kept",
+          ls->newer, m->sequence, kCompleteMarker, m->sequence);
+    } else {
+      stats.bucket_won = fmt::format("{} file(s) of commit #{} are missing here and nothing is newer: restoring them from "
+                                     "the bucket",
+                                     ls->missing, m->sequence);
+    }
+    if (ls->torn || unverified) {
+      auto scan = ScanTree(o_.checkpoint_dir);
+      if (!scan.ok()) return scan.status();
+      auto moved = SetAside(o_.checkpoint_dir, *scan, known->files, o_);
+      if (!moved.ok()) return moved.status();
+      stats.set_aside = *moved;
+      if (*moved > 0) {
+        stats.bucket_won += fmt::format("; the {} local file(s) that differ from it are kept in {}/{}", *moved,
+                                        Escaped(o_.checkpoint_dir), kSetAsideDir);
+      }
+    }
   }
 
   std::mutex stats_mu;
@@ -726,8 +794,23 @@ std::string SyncEngine::RememberCommit(bool marker, const Pending* pending) {
     j["pending"] = {{"commit_id", pending->commit_id}, {"sequence", pending->sequence}, {"marker", pending->marker},
                     {"files", list(pending->files)}};
   }
+  std::lock_guard lk(record_mu_);
+  return WriteRecord(std::move(j));
+}
+
+std::string SyncEngine::WriteRecord(Json j) {
+  j["trainer_running"] = trainer_running_;
   auto s = WriteFileAtomically(o_.state_file, Dump(j));
+  record_ = std::move(j);
   return s.ok() ? "" : "could not remember the commit in " + o_.state_file + ": " + s.message();
+}
+
+std::string SyncEngine::NoteTrainerRunning(bool running) {
+  std::lock_guard lk(record_mu_);
+  trainer_running_ = running;
+  // Nothing recorded yet (no state-dir, or no restore ran): nothing to mark.
+  if (o_.state_file.empty() || !record_.is_object()) return "";
+  return WriteRecord(record_);
 }
 
 Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, const CallContext& ctx) {

@@ -119,6 +119,7 @@ struct RestoreStats {
   bool kept_local = false;  // the local files are newer than the bucket's commit: kept
   int local_changes = 0;    // with kept_local: files changed since that commit
   std::string bucket_won;   // why the bucket's commit replaced local files that had a record
+  int set_aside = 0;        // with bucket_won: local files moved to CHECKPOINT_DIR/.spotvisor-unverified
   int files = 0;
   int files_downloaded = 0;  // the rest were already there, byte-identical
   std::uint64_t bytes_downloaded = 0;
@@ -144,6 +145,11 @@ class SyncEngine {
   // Another VM committed to this run-id: this one no longer syncs. The
   // message says what happened and what to do; empty while not fenced.
   std::string Fenced() const;
+  // The supervisor says the trainer is about to start (true) or has been
+  // reaped (false); remembered in state_file, so a restart knows whether
+  // local files may hold a save cut off by spotvisor's death. Thread-safe,
+  // never waits for a sync; returns a warning, or "" once remembered.
+  std::string NoteTrainerRunning(bool running);
 
  private:
   struct Uploaded {
@@ -166,6 +172,8 @@ class SyncEngine {
   struct Pending;
   // Writes state_file; `pending`: a commit about to be made (written ahead).
   std::string RememberCommit(bool marker, const Pending* pending = nullptr);
+  // Writes `j` (plus trainer_running) to state_file; record_mu_ held.
+  std::string WriteRecord(nlohmann::json j);
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;
@@ -194,6 +202,13 @@ class SyncEngine {
   std::set<std::string> warned_names_;
   int deferrals_ = 0;
   bool settle_warned_ = false;
+  // The state file's last contents and whether the trainer is running: a
+  // restore after spotvisor died with the trainer running cannot trust local
+  // files changed since the last commit (the trainer may have been cut off
+  // mid-save) unless the marker vouches for them.
+  std::mutex record_mu_;
+  nlohmann::json record_;
+  bool trainer_running_ = false;
 };
 
 // Why the object store cannot hold this relative path (not UTF-8, CR or LF,

@@ -809,6 +809,80 @@ TEST_CASE("a restart on the same disk keeps local files newer than the last comm
     CHECK_FALSE(r->kept_local);
     CHECK(Read(other + "/latest.ckpt") == "step 100");
   }
+  SECTION("changed while the trainer ran when spotvisor died, no marker: the bucket wins, local files set aside") {
+    {
+      auto e = make(d.ckpt);
+      REQUIRE(e.Restore().ok());
+      CHECK(e.NoteTrainerRunning(true).empty());
+      // spotvisor dies here (kill -9): the trainer was mid-save.
+    }
+    Write(d.ckpt + "/latest.ckpt", "step 1");  // cut off
+    Write(d.ckpt + "/checkpoint-9/model.bin", "half");
+    auto e = make(d.ckpt);
+    auto r = e.Restore();
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->kept_local);
+    CHECK(r->bucket_won.find("while the trainer was running") != std::string::npos);
+    CHECK(r->set_aside == 2);
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100");
+    CHECK(Read(d.ckpt + "/.spotvisor-unverified/latest.ckpt") == "step 1");
+    CHECK(Read(d.ckpt + "/.spotvisor-unverified/checkpoint-9/model.bin") == "half");
+    CHECK_FALSE(fs::exists(d.ckpt + "/checkpoint-9"));  // emptied, removed: nothing half-saved to resume from
+    // What is set aside is never synced; a second set-aside replaces the first.
+    REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+    CheckRestores(d, clock, {{"latest.ckpt", "step 100"}});
+    {
+      auto e2 = make(d.ckpt);
+      REQUIRE(e2.Restore().ok());
+      CHECK(e2.NoteTrainerRunning(true).empty());
+    }
+    Write(d.ckpt + "/latest.ckpt", "step 2");
+    auto again = make(d.ckpt).Restore();
+    REQUIRE(again.ok());
+    CHECK(again->set_aside == 1);
+    CHECK(Read(d.ckpt + "/.spotvisor-unverified/latest.ckpt") == "step 2");
+    CHECK_FALSE(fs::exists(d.ckpt + "/.spotvisor-unverified/checkpoint-9"));
+  }
+  SECTION("the trainer was reaped before spotvisor died: its newer files are whole, kept") {
+    {
+      auto e = make(d.ckpt);
+      REQUIRE(e.Restore().ok());
+      CHECK(e.NoteTrainerRunning(true).empty());
+      CHECK(e.NoteTrainerRunning(false).empty());
+    }
+    Write(d.ckpt + "/latest.ckpt", "step 150, the trainer's last save");
+    auto r = make(d.ckpt).Restore();
+    REQUIRE(r.ok());
+    CHECK(r->kept_local);
+    CHECK(r->set_aside == 0);
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 150, the trainer's last save");
+  }
+  SECTION("the trainer ran when spotvisor died, but the marker vouches for its last save: kept") {
+    {
+      auto e = make(d.ckpt);
+      REQUIRE(e.Restore().ok());
+      CHECK(e.NoteTrainerRunning(true).empty());
+    }
+    Write(d.ckpt + "/latest.ckpt", "step 150, marked");
+    Age(d.ckpt + "/latest.ckpt", clock, 5s);
+    REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+    auto r = make(d.ckpt).Restore();
+    REQUIRE(r.ok());
+    CHECK(r->kept_local);
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 150, marked");
+  }
+  SECTION("unchanged since the commit, the trainer ran: nothing to set aside, nothing downloaded") {
+    {
+      auto e = make(d.ckpt);
+      REQUIRE(e.Restore().ok());
+      CHECK(e.NoteTrainerRunning(true).empty());
+    }
+    auto r = make(d.ckpt).Restore();
+    REQUIRE(r.ok());
+    CHECK(r->set_aside == 0);
+    CHECK(r->files_downloaded == 0);
+    CHECK_FALSE(fs::exists(d.ckpt + "/.spotvisor-unverified"));
+  }
   SECTION("a local save cut off mid-way (files newer than the marker): the bucket wins") {
     REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
     clock.wall += 2s;
