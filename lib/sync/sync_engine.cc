@@ -413,7 +413,19 @@ Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOpti
       newer += e.st.mtime_ns > scan.marker->mtime_ns;
       ties += e.st.mtime_ns <= scan.marker->mtime_ns && e.st.mtime_ns > scan.marker->mtime_ns - kTickNs;
     }
-    if (newer == 0 && ties == 0) return {true, "marker", ""};
+    // Timestamps alone are not enough: on a busy VM the next save's
+    // O_TRUNC (and its first writes) were seen stamped more than a tick
+    // before the marker they followed (soak: empty files committed as
+    // complete). A file held open for writing is being written, whatever
+    // its time says.
+    if (newer == 0 && ties == 0) {
+      if (o.check_open_files && mode == Mode::kPeriodic && AnyFileOpenForWriting(o.checkpoint_dir)) {
+        return {false, "", fmt::format("a file is open for writing though none is newer than {}: the trainer is "
+                                       "writing a checkpoint",
+                                       kCompleteMarker)};
+      }
+      return {true, "marker", ""};
+    }
     // A tie is settled only after sync-settle and at least 2 s (a zero
     // sync-settle must not turn every tie into a commit) with nothing open
     // for writing.
@@ -430,6 +442,13 @@ Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOpti
                                    ties, kCompleteMarker)};
   }
   if (mode == Mode::kStopped) return {true, "final", ""};
+  // sync-settle = 0 asks for no wait, not for files caught mid-write: an
+  // in-place save written in slices is torn between two of them. With no
+  // settle time to go by, nothing open for writing is the rule.
+  if (settle == 0 && o.check_open_files) {
+    if (!AnyFileOpenForWriting(o.checkpoint_dir)) return {true, "quiet", ""};
+    return {false, "", "a file in the checkpoint dir is open for writing (sync-settle is 0): the trainer may still be writing"};
+  }
   if (age >= settle) return {true, "settle", ""};
   if (age >= settle / 5 && (!o.check_open_files || !AnyFileOpenForWriting(o.checkpoint_dir))) return {true, "quiet", ""};
   return {false, "", fmt::format("files changed within sync-settle ({} ms): the trainer may still be writing", o.settle.count())};

@@ -685,6 +685,59 @@ TEST_CASE("a trainer saving faster than sync-settle is synced when no file is op
   }
 }
 
+TEST_CASE("a file open for writing is never complete by the marker or by a zero sync-settle") {
+  Dirs d;
+  FakeClock clock;
+  ClockSleeper sleeper(clock);
+  auto o = Options(d.ckpt);
+  o.sleeper = &sleeper;
+  SECTION("the marker: a truncation stamped before the marker it followed (a busy VM) is still mid-save") {
+    SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+    REQUIRE(e.Restore().ok());
+    Write(d.ckpt + "/latest.ckpt", "save 1");
+    Age(d.ckpt + "/latest.ckpt", clock, 5s);
+    REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+    // Save 2 opens latest.ckpt with O_TRUNC; its stamp lags behind the marker.
+    int fd = open((d.ckpt + "/latest.ckpt").c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    Age(d.ckpt + "/latest.ckpt", clock, 5s);
+    auto mid = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(mid.ok());
+    CHECK(mid->deferred);
+    CHECK(mid->deferred_reason.find("open for writing") != std::string::npos);
+    CHECK(mid->files_uploaded == 0);
+    // Written and closed: its marker makes it complete.
+    REQUIRE(write(fd, "save 2", 6) == 6);
+    close(fd);
+    Age(d.ckpt + "/latest.ckpt", clock, 5s);
+    REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
+    auto s = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(s.ok());
+    CHECK_FALSE(s->deferred);
+    CHECK(s->judged_by == "marker");
+    CheckRestores(d, clock, {{"latest.ckpt", "save 2"}});
+  }
+  SECTION("sync-settle 0: a file written in slices is not taken between two of them") {
+    o.settle = 0s;
+    SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+    REQUIRE(e.Restore().ok());
+    int fd = open((d.ckpt + "/latest.ckpt").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, "first slice", 11) == 11);
+    auto mid = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(mid.ok());
+    CHECK(mid->deferred);
+    CHECK(mid->deferred_reason.find("open for writing") != std::string::npos);
+    REQUIRE(write(fd, ", second", 8) == 8);
+    close(fd);
+    auto s = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(s.ok());
+    CHECK_FALSE(s->deferred);
+    CHECK(s->judged_by == "quiet");
+    CheckRestores(d, clock, {{"latest.ckpt", "first slice, second"}});
+  }
+}
+
 TEST_CASE("names the store cannot hold are skipped with one warning; the rest is committed") {
   Dirs d;
   FakeClock clock;
