@@ -24,10 +24,12 @@ import argparse
 import base64
 import collections
 import concurrent.futures
+import datetime
 import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -266,6 +268,25 @@ class FileBucket:
 
 # --------------------------------------------------------------- the checker
 
+def event_time(e):
+    """An event's "time" (RFC 3339, nanoseconds) as a Unix time, or None."""
+    t = e.get("time")
+    if not isinstance(t, str):
+        return None
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z$", t)
+    if not m:
+        return None
+    base = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return base.timestamp() + (float("0" + m.group(2)) if m.group(2) else 0.0)
+
+
+def manifest_says_marker(raw):
+    try:
+        return json.loads(raw).get("marker") is True
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
 class Commit:
     """One manifest seen in the bucket, judged: step is the trainer's step it
     holds (None: no checkpoint files at all, -1: files but no usable step)."""
@@ -462,7 +483,8 @@ class Run:
         self.violations = []
         self.candidates = []    # inconsistent states, classified at the end
         self.unprotected = []   # ... that spotvisor could not have recognised
-        self.first_mark = None  # wall time of the trainer's first complete save
+        self.first_mark = None  # wall time of the trainer's first complete save (any VM)
+        self.first_mark_by_vm = {}  # the same, per VM: what that VM's spotvisor could have seen
         self.torn_since = None  # wall time a save was first cut off on a VM's disk
         self._vlock = threading.Lock()
         self.judge = layouts.Judge(plan["trainer"], crc32c)
@@ -510,9 +532,15 @@ class Run:
         t = self.plan["trainer"]
         settle_ms = duration_ms(self.plan["sync_settle"])
         committed_by = {}  # sequence -> how spotvisor says it judged that commit (sync.complete)
+        committed_vm = {}  # sequence -> the VM whose spotvisor made it
+        sync_started = {}  # sequence -> when the sync that made it began (its tree was judged after)
         for l in (l for l in self.launches if l.proc):
             for e in l.proc.find("sync.complete"):
                 if e.get("files_uploaded") or e.get("files_deleted"):
+                    committed_vm[e.get("sequence")] = l.vm.name
+                    started = event_time(e)
+                    if started is not None and isinstance(e.get("duration_s"), (int, float)):
+                        sync_started[e.get("sequence")] = started - e["duration_s"]
                     how = [f"{e.get('kind')} sync by {l.vm.name}"]
                     if e.get("judged_by"):
                         how.append(f"complete by {e['judged_by']}" + (", staged" if e.get("staged") else ""))
@@ -521,7 +549,17 @@ class Run:
             when, seq = v.pop("when"), v.pop("sequence")
             if seq in committed_by:
                 v["detail"] += f" [{committed_by[seq]}]"
-            marked = t["marker"] and self.first_mark is not None and when > self.first_mark + 1.0
+            # The marker counts from the first save the committing VM's own
+            # trainer marked (another VM's disk is not there to see), or
+            # once an earlier manifest said the trainer uses it.
+            by_manifest = any(c.sequence < (seq or 0) and manifest_says_marker(c.raw) for c in self.watcher.commits)
+            vm = committed_vm.get(seq)
+            mark = self.first_mark_by_vm.get(vm) if vm else self.first_mark
+            # When the tree was judged: the sync's start if known (a big
+            # upload can take seconds), else when the commit was seen, less
+            # a second of slack.
+            judged = sync_started.get(seq, when - 1.0)
+            marked = t["marker"] and (by_manifest or (mark is not None and judged > mark))
             settled = settle_ms >= t["gap_ms"] + 150 and (self.torn_since is None or when < self.torn_since)
             if marked or settled:
                 if v["detail"] not in [x["detail"] for x in self.violations if x["kind"] == v["kind"]]:
@@ -876,6 +914,8 @@ class Run:
         if saves:
             first = min(e["time"] for e in log if e["ev"] == "saved")
             self.first_mark = first if self.first_mark is None else min(self.first_mark, first)
+            mine = self.first_mark_by_vm.get(l.vm.name)
+            self.first_mark_by_vm[l.vm.name] = first if mine is None else min(mine, first)
         for e in log:
             if e["ev"] == "crash" and e.get("mid_save"):
                 self.torn_possible(e["time"])
