@@ -268,6 +268,9 @@ class FileBucket:
 
 # --------------------------------------------------------------- the checker
 
+FENCED = "VMs fenced off by another's commit"
+
+
 def event_time(e):
     """An event's "time" (RFC 3339, nanoseconds) as a Unix time, or None."""
     t = e.get("time")
@@ -896,6 +899,8 @@ class Run:
         for e in p.find("sync.fenced"):
             if single:
                 self.violation("sync-failed", f"{name}: fenced though alone on the run-id: {e.get('message')}")
+            else:
+                self.stats[FENCED] += 1
         stopping = False
         for e in list(p.events):
             if e.get("event") in ("preemption.detected", "signal.received", "trainer.signal", "trainer.exit"):
@@ -1039,7 +1044,7 @@ def summarise(results, seconds, store, quick=False, verbose=False):
              f"  trainer saves {stats['trainer saves']}, checkpoints committed {stats['commits seen']} "
              f"(distinct manifests seen), restores {stats['restores']}, resumes {stats['trainer resumes']}, "
              f"runs finished {stats['runs finished (DONE)']}, second-VM commits refused "
-             f"{stats['commits refused to the second VM']}",
+             f"{stats['commits refused to the second VM']}, VMs fenced off {stats[FENCED]}",
              f"  checkpoints lost (invariant violations): {len(violations)}",
              f"  not counted: {len(unprotected)} inconsistent state(s) spotvisor could not have recognised "
              "(no completion marker yet, sync-settle shorter than the trainer's pauses inside a save, "
