@@ -337,20 +337,12 @@ Status WriteFileAtomically(const std::string& path, const std::string& text) {
   return OkStatus();
 }
 
-// Moves every local file that `base` does not hold exactly as it is (same
-// size and mtime) into ROOT/.spotvisor-unverified/, replacing the set an
-// earlier restore put there, and removes directories the move left empty (a
-// half-written checkpoint-N/ must not stay for the trainer to resume from).
-// Returns how many files were moved. `scan` is of ROOT.
-StatusOr<int> SetAside(const std::string& root, const Scan& scan, const std::vector<ManifestEntry>& base,
-                       const SyncOptions& o) {
-  std::map<std::string, const ManifestEntry*> had;
-  for (auto const& e : base) had[e.path] = &e;
-  std::vector<std::string> move;
-  for (auto const& f : scan.files) {
-    auto it = had.find(f.rel);
-    if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) move.push_back(f.rel);
-  }
+// Moves `move` (paths relative to ROOT: local files that differ from the
+// commit being restored) into ROOT/.spotvisor-unverified/, replacing the set
+// an earlier restore put there, and removes directories the move left empty
+// (a half-written checkpoint-N/ must not stay for the trainer to resume
+// from). Returns how many files were moved.
+StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& move, const SyncOptions& o) {
   if (move.empty()) return 0;
   auto aside = root + "/" + kSetAsideDir;
   std::error_code ec;
@@ -597,6 +589,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     bool torn = false;
     bool any = false;
     bool marker = false;
+    std::vector<std::string> changed;  // the `newer` files: new, or not as `base` holds them
   };
   auto local_vs = [&](const std::vector<ManifestEntry>& base) -> StatusOr<LocalState> {
     auto scan = ScanTree(o_.checkpoint_dir);
@@ -608,7 +601,10 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     ls.marker = scan->marker.has_value();
     for (auto const& f : scan->files) {
       auto it = had.find(f.rel);
-      if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) ++ls.newer;
+      if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) {
+        ++ls.newer;
+        ls.changed.push_back(f.rel);
+      }
       if (scan->marker && f.st.mtime_ns > scan->marker->mtime_ns - kTickNs) ls.torn = true;  // a tie may be the next save's O_TRUNC
       if (it != had.end()) had.erase(it);
     }
@@ -711,9 +707,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
                                      ls->missing, m->sequence);
     }
     if (ls->torn || unverified) {
-      auto scan = ScanTree(o_.checkpoint_dir);
-      if (!scan.ok()) return scan.status();
-      auto moved = SetAside(o_.checkpoint_dir, *scan, known->files, o_);
+      auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_);
       if (!moved.ok()) return moved.status();
       stats.set_aside = *moved;
       if (*moved > 0) {
