@@ -9,7 +9,10 @@
 
 #include <fmt/format.h>
 
+#include "common/duration.h"
+#include "log/logger.h"
 #include "process/proc.h"
+#include "supervisor/durability.h"
 #include "state/status_file.h"
 
 namespace spotvisor {
@@ -96,6 +99,48 @@ int PrintStatus(const std::string& state_dir, bool json) {
   if (j.contains("deadline")) std::printf("deadline:    %s\n", str("deadline").c_str());
   if (j.contains("reason")) std::printf("reason:      %s\n", str("reason").c_str());
   if (j.contains("exit_code")) std::printf("exit code:   %d\n", j["exit_code"].get<int>());
+  if (auto c = j.find("checkpoint"); c != j.end()) {
+    // Ages are computed now, from the times written: status.json is only
+    // rewritten when something happens.
+    auto now = std::chrono::system_clock::now();
+    auto ago = [&](const char* key) -> std::string {
+      auto it = c->find(key);
+      if (it == c->end() || !it->is_string()) return "";
+      auto t = ParseRfc3339(it->get<std::string>());
+      if (!t) return "";
+      auto s = std::max<long long>(0, std::chrono::duration_cast<std::chrono::seconds>(now - *t).count());
+      return FormatDuration(std::chrono::seconds(s)) + " ago";
+    };
+    auto num = [&](const char* key) -> std::uint64_t {
+      auto it = c->find(key);
+      return it != c->end() && it->is_number_unsigned() ? it->get<std::uint64_t>()
+             : it != c->end() && it->is_number_integer() && it->get<long long>() > 0 ? static_cast<std::uint64_t>(it->get<long long>())
+                                                                                      : 0;
+    };
+    if (num("sequence") == 0) {
+      std::printf("checkpoint:  nothing committed yet\n");
+    } else {
+      std::string at = c->contains("committed_at") && (*c)["committed_at"].is_string() ? (*c)["committed_at"].get<std::string>() : "?";
+      std::string age = ago("committed_at");
+      std::printf("checkpoint:  #%llu committed %s%s: %llu file(s), %s\n", static_cast<unsigned long long>(num("sequence")),
+                  at.c_str(), age.empty() ? "" : (" (" + age + ")").c_str(), static_cast<unsigned long long>(num("files")),
+                  FormatBytes(num("bytes")).c_str());
+    }
+    if (c->contains("uncommitted_files")) {
+      std::string as_of = c->contains("uncommitted_as_of") ? " (counted " + ago("uncommitted_as_of") + ")" : "";
+      if (num("uncommitted_files") == 0) {
+        std::printf("on disk:     nothing newer than the commit%s\n", as_of.c_str());
+      } else {
+        std::printf("on disk:     %s in %llu file(s) not committed yet%s\n", FormatBytes(num("uncommitted_bytes")).c_str(),
+                    static_cast<unsigned long long>(num("uncommitted_files")), as_of.c_str());
+      }
+    }
+    if (std::string caught = ago("caught_up_at"); !caught.empty()) {
+      bool stalled = c->contains("stalled") && (*c)["stalled"].is_boolean() && (*c)["stalled"].get<bool>();
+      std::string cause = c->contains("stall_cause") && (*c)["stall_cause"].is_string() ? (*c)["stall_cause"].get<std::string>() : "";
+      std::printf("caught up:   %s%s\n", caught.c_str(), stalled ? ("  STALLED: " + cause).c_str() : "");
+    }
+  }
   if (j.contains("last_event")) {
     auto const& e = j["last_event"];
     std::printf("last event:  %s  %s  (%s)\n", e.value("event", "").c_str(), e.value("message", "").c_str(),

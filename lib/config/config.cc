@@ -352,6 +352,22 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   }
   c.sync_interval = res.Duration("sync-interval", c.sync_interval);
   c.sync_settle = res.Duration("sync-settle", c.sync_settle);
+  if (Trim(res.Get("sync-alert-after").value).empty()) {
+    c.sync_alert_after = 3 * c.sync_interval;
+  } else {
+    c.sync_alert_after = res.Duration("sync-alert-after", c.sync_alert_after);
+    if (c.sync_alert_after.count() > 0 && c.sync_alert_after <= c.sync_interval) {
+      res.Error("sync-alert-after",
+                fmt::format("{} is not longer than sync-interval ({}): every wait for the next periodic sync would count "
+                            "as a stall; make it at least twice sync-interval, or 0 to switch the alert off",
+                            FormatDuration(c.sync_alert_after), FormatDuration(c.sync_interval)));
+    }
+  }
+  res.OneOf<bool>("sync-stall-action", {{"warn", false}, {"stop", true}}, c.sync_stall_stop);
+  if (c.sync_stall_stop && c.sync_alert_after.count() == 0 && !c.bucket.empty()) {
+    res.Error("sync-stall-action", "stop needs sync-alert-after (it is 0, so a stall is never detected)");
+  }
+  c.checkpoint_report_interval = res.Duration("checkpoint-report-interval", c.checkpoint_report_interval);
   res.Integer("sync-parallelism", 1, 64, c.sync_parallelism);
   res.OneOf<bool>("restart", {{"never", false}, {"on-failure", true}}, c.restart_on_failure);
   res.Integer("max-restarts", 0, 1000, c.max_restarts);
@@ -443,6 +459,8 @@ std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c) {
       // Touch it after each complete save (docs/checkpoints.md).
       {"SPOTVISOR_CHECKPOINT_MARKER", c.checkpoint_dir + "/.spotvisor-complete"},
   };
+  // What the bucket holds (docs/checkpoints.md, examples/committed.py).
+  if (!c.bucket.empty()) env.emplace_back("SPOTVISOR_COMMITTED_FILE", CommittedFilePath(c.state_dir));
   if (!c.dataset_disk.empty()) env.emplace_back("SPOTVISOR_DATASET_DIR", c.dataset_dir);
   if (!c.scratch_disk.empty()) env.emplace_back("SPOTVISOR_SCRATCH_DIR", c.scratch_dir);
   if (!c.bucket_mount.empty()) env.emplace_back("SPOTVISOR_OUTPUT_DIR", c.bucket_mount);

@@ -66,6 +66,9 @@ struct Config {
   std::map<std::string, std::string> log_labels;
   std::string bucket;  // empty: no checkpoint sync
   std::chrono::milliseconds sync_interval{600'000};
+  std::chrono::milliseconds sync_alert_after{1'800'000};  // 0: never
+  bool sync_stall_stop = false;                          // sync-stall-action = stop
+  std::chrono::milliseconds checkpoint_report_interval{60'000};  // 0: never
   int sync_parallelism = 4;
   std::chrono::milliseconds sync_settle{10'000};
   std::string storage_endpoint;
@@ -106,6 +109,9 @@ StatusOr<std::pair<std::string, std::string>> ParseSetFlag(const std::string& ar
 inline bool HasMounts(const Config& c) {
   return !c.dataset_disk.empty() || !c.scratch_disk.empty() || !c.bucket_mount.empty();
 }
+
+// STATE_DIR/committed.json: what the bucket holds, for the trainer to read.
+inline std::string CommittedFilePath(const std::string& state_dir) { return state_dir + "/committed.json"; }
 
 // The environment variables spotvisor gives every trainer, on top of `env`.
 std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c);

@@ -339,3 +339,61 @@ TEST_CASE("config file: a BOM is skipped, a directory is an error, lines are quo
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("sync-alert-after: 3 x sync-interval unless set; 0 switches it off; not shorter than one interval") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-bucket"] = "gs://ckpt-bucket/p";
+  auto r = ResolveConfig(in);
+  INFO((r.errors.empty() ? std::string() : r.errors[0]));
+  REQUIRE(r.config);
+  CHECK(r.config->sync_alert_after == 30min);  // 3 x the default 10m
+  CHECK_FALSE(r.config->sync_stall_stop);
+  CHECK(r.config->checkpoint_report_interval == 1min);
+  in.instance_attributes["spotvisor-sync-interval"] = "2m";
+  CHECK(ResolveConfig(in).config->sync_alert_after == 6min);
+  in.instance_attributes["spotvisor-sync-interval"] = "0";
+  CHECK(ResolveConfig(in).config->sync_alert_after == 0ms);  // no periodic syncs: no default alert
+  in.instance_attributes["spotvisor-sync-interval"] = "10m";
+  in.instance_attributes["spotvisor-sync-alert-after"] = "45m";
+  CHECK(ResolveConfig(in).config->sync_alert_after == 45min);
+  in.instance_attributes["spotvisor-sync-alert-after"] = "10m";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("sync-alert-after: 10m is not longer than sync-interval (10m)") != std::string::npos);
+  in.instance_attributes["spotvisor-sync-alert-after"] = "0";
+  CHECK(ResolveConfig(in).config->sync_alert_after == 0ms);
+  // stop without an alert could never act.
+  in.instance_attributes["spotvisor-sync-stall-action"] = "stop";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("stop needs sync-alert-after") != std::string::npos);
+  in.instance_attributes.erase("spotvisor-sync-alert-after");
+  r = ResolveConfig(in);
+  REQUIRE(r.config);
+  CHECK(r.config->sync_stall_stop);
+  in.instance_attributes["spotvisor-sync-stall-action"] = "kill";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("sync-stall-action") != std::string::npos);
+}
+
+TEST_CASE("with a bucket the trainer is told where committed.json is") {
+  auto in = Base();
+  auto env = SpotvisorEnv(*ResolveConfig(in).config);
+  auto has = [&](const std::string& name) {
+    return std::any_of(env.begin(), env.end(), [&](auto const& kv) { return kv.first == name; });
+  };
+  CHECK_FALSE(has("SPOTVISOR_COMMITTED_FILE"));
+  in.instance_attributes["spotvisor-bucket"] = "gs://ckpt-bucket/p";
+  in.instance_attributes["spotvisor-state-dir"] = "/run/sv";
+  env = SpotvisorEnv(*ResolveConfig(in).config);
+  auto it = std::find_if(env.begin(), env.end(), [](auto const& kv) { return kv.first == "SPOTVISOR_COMMITTED_FILE"; });
+  REQUIRE(it != env.end());
+  CHECK(it->second == "/run/sv/committed.json");
+}
+
+}  // namespace
+}  // namespace spotvisor

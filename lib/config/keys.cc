@@ -50,6 +50,14 @@ const std::vector<KeySpec>& AllKeys() {
       {"bucket", "",
        "Where checkpoints are kept: gs://BUCKET[/PREFIX] or file:///PATH (empty: no sync); objects go under PREFIX/RUN_ID/"},
       {"sync-interval", "10m", "How often checkpoints are synced while training (0: only the final sync)"},
+      {"sync-alert-after", "",
+       "Warn (sync.stalled) when the bucket has not caught up with the checkpoint dir for this long; ERROR at twice "
+       "that (empty: 3 x sync-interval; 0: never)"},
+      {"sync-stall-action", "warn",
+       "warn | stop: at twice sync-alert-after, stop the trainer gracefully and end the run as sync-stalled (on-exit "
+       "runs): a run that cannot make its progress durable is burning money"},
+      {"checkpoint-report-interval", "1m",
+       "How often a checkpoint.age event reports the newest commit's age and the bytes not yet committed (0: never)"},
       {"sync-parallelism", "4", "How many files are uploaded or downloaded at once (1-64)"},
       {"sync-settle", "10s",
        "A file modified more recently than this is left for the next periodic sync (the trainer may still be writing it)"},

@@ -81,6 +81,62 @@ const char* SeverityName(Severity s) {
   return "DEFAULT";
 }
 
+std::optional<WallTime> ParseRfc3339(std::string_view t) {
+  // YYYY-MM-DDTHH:MM:SS
+  if (t.size() < 20) return std::nullopt;
+  auto num = [&](std::size_t at, std::size_t n) -> int {
+    int v = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (t[i] < '0' || t[i] > '9') return -1;
+      v = v * 10 + (t[i] - '0');
+    }
+    return v;
+  };
+  if (t[4] != '-' || t[7] != '-' || (t[10] != 'T' && t[10] != 't' && t[10] != ' ') || t[13] != ':' || t[16] != ':') {
+    return std::nullopt;
+  }
+  int year = num(0, 4), mon = num(5, 2), day = num(8, 2), hour = num(11, 2), min = num(14, 2), sec = num(17, 2);
+  if (year < 1970 || mon < 1 || mon > 12 || day < 1 || day > 31 || hour < 0 || hour > 23 || min < 0 || min > 59 ||
+      sec < 0 || sec > 60) {
+    return std::nullopt;
+  }
+  std::size_t i = 19;
+  std::int64_t frac_ns = 0;
+  if (i < t.size() && t[i] == '.') {
+    ++i;
+    std::size_t digits = 0;
+    std::int64_t scale = 100'000'000;
+    for (; i < t.size() && t[i] >= '0' && t[i] <= '9'; ++i, ++digits) {
+      if (digits < 9) frac_ns += (t[i] - '0') * scale;
+      scale /= 10;
+    }
+    if (digits == 0) return std::nullopt;
+  }
+  std::int64_t offset_s = 0;
+  if (i < t.size() && (t[i] == 'Z' || t[i] == 'z')) {
+    ++i;
+  } else if (i + 6 == t.size() && (t[i] == '+' || t[i] == '-') && t[i + 3] == ':') {
+    int oh = num(i + 1, 2), om = num(i + 4, 2);
+    if (oh < 0 || oh > 23 || om < 0 || om > 59) return std::nullopt;
+    offset_s = (t[i] == '+' ? 1 : -1) * (oh * 3600 + om * 60);
+    i += 6;
+  } else {
+    return std::nullopt;
+  }
+  if (i != t.size()) return std::nullopt;
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = mon - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = min;
+  tm.tm_sec = sec;
+  std::time_t secs = timegm(&tm);
+  if (secs == static_cast<std::time_t>(-1)) return std::nullopt;
+  auto ns = (static_cast<std::int64_t>(secs) - offset_s) * 1'000'000'000 + frac_ns;
+  return WallTime(std::chrono::duration_cast<WallTime::duration>(std::chrono::nanoseconds(ns)));
+}
+
 std::string FormatRfc3339(WallTime t) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
   std::time_t secs = static_cast<std::time_t>(ns / 1'000'000'000);

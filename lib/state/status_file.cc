@@ -41,7 +41,7 @@ int JsonDepth(std::string_view text, int limit) {
   return max;
 }
 
-enum class Kind { kString, kInt, kBool, kObject };
+enum class Kind { kString, kInt, kBool, kObject, kNumber };
 
 const char* KindName(Kind k) {
   switch (k) {
@@ -49,6 +49,7 @@ const char* KindName(Kind k) {
     case Kind::kInt: return "a whole number";
     case Kind::kBool: return "true or false";
     case Kind::kObject: return "an object";
+    case Kind::kNumber: return "a number";
   }
   return "?";
 }
@@ -66,6 +67,7 @@ bool Fits(const Json& v, Kind k, long long lo, long long hi) {
     case Kind::kString: return v.is_string();
     case Kind::kBool: return v.is_boolean();
     case Kind::kObject: return v.is_object();
+    case Kind::kNumber: return v.is_number();
     case Kind::kInt:
       if (v.is_number_unsigned()) return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi);
       return v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
@@ -114,6 +116,7 @@ Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
                         {"exit_code", Kind::kInt, false, INT_MIN, INT_MAX},
                         {"last_event", Kind::kObject},
                         {"last_sync", Kind::kObject, true},
+                        {"checkpoint", Kind::kObject},
                         // Who wrote the file, so `sync`/`release` never signal a reused pid.
                         {"start_time_ticks", Kind::kInt, false, 0, LLONG_MAX},
                         {"boot_id", Kind::kString}},
@@ -122,6 +125,25 @@ Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
   if (auto e = j.find("last_event"); e != j.end()) {
     s = CheckFields(*e, {{"event", Kind::kString}, {"message", Kind::kString}, {"time", Kind::kString}},
                     where + " last_event");
+    if (!s.ok()) return s;
+  }
+  if (auto c = j.find("checkpoint"); c != j.end()) {
+    // Durability (DurabilityTracker::Json), which `spotvisor status` prints.
+    s = CheckFields(*c,
+                    {{"sequence", Kind::kInt, false, 0, LLONG_MAX},
+                     {"files", Kind::kInt, false, 0, INT_MAX},
+                     {"bytes", Kind::kInt, false, 0, LLONG_MAX},
+                     {"committed_at", Kind::kString, true},
+                     {"age_s", Kind::kNumber, true},
+                     {"instance", Kind::kString},
+                     {"uncommitted_files", Kind::kInt, false, 0, INT_MAX},
+                     {"uncommitted_bytes", Kind::kInt, false, 0, LLONG_MAX},
+                     {"uncommitted_as_of", Kind::kString},
+                     {"caught_up_at", Kind::kString},
+                     {"lag_s", Kind::kNumber},
+                     {"stalled", Kind::kBool},
+                     {"stall_cause", Kind::kString}},
+                    where + " checkpoint");
     if (!s.ok()) return s;
   }
   if (auto ls = j.find("last_sync"); ls != j.end() && !ls->is_null()) {

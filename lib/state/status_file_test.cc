@@ -41,6 +41,12 @@ TEST_CASE("status.json with wrong types is an error naming the field, not an exc
            {R"({"last_sync":{"ok":"yes"}})", "ok"},
            {R"({"last_sync":{"sequence":-1}})", "sequence"},
            {R"({"last_sync":{"files_uploaded":1e400}})", ""},
+           {R"({"checkpoint":[]})", "checkpoint"},
+           {R"({"checkpoint":{"sequence":"7"}})", "sequence"},
+           {R"({"checkpoint":{"age_s":"old"}})", "age_s"},
+           {R"({"checkpoint":{"uncommitted_bytes":-5}})", "uncommitted_bytes"},
+           {R"({"checkpoint":{"stalled":"yes"}})", "stalled"},
+           {R"({"checkpoint":{"caught_up_at":1}})", "caught_up_at"},
        }) {
     INFO(text);
     auto j = ParseStatusJson(text, "/run/spotvisor/status.json");
@@ -57,7 +63,9 @@ TEST_CASE("status.json with wrong types is an error naming the field, not an exc
   CHECK_FALSE(ParseStatusJson("{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}", "s").ok());
   // What the supervisor writes reads back; unknown fields are allowed.
   auto ok = ParseStatusJson(R"({"spotvisor_pid":12,"trainer_pid":null,"exit_code":-1,"future_field":{"a":[1]},
-                                "last_sync":{"ok":true,"sequence":3,"bytes":1099511627776,"files_uploaded":2}})",
+                                "last_sync":{"ok":true,"sequence":3,"bytes":1099511627776,"files_uploaded":2},
+                                "checkpoint":{"sequence":3,"files":2,"bytes":10,"committed_at":null,"age_s":null,
+                                              "lag_s":1.5,"uncommitted_files":0,"uncommitted_bytes":0,"stalled":false}})",
                             "s");
   CHECK(ok.ok());
 }

@@ -72,6 +72,7 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kMaxRuntime: return "max-runtime";
     case EndReason::kIdle: return "idle";
     case EndReason::kMountFailed: return "mount-failed";
+    case EndReason::kSyncStalled: return "sync-stalled";
   }
   return "?";
 }
@@ -155,7 +156,7 @@ constexpr const char* kEventNames[] = {"StartEvent",      "TrainerSpawned",  "Tr
                                        "GroupEmpty",      "PreemptionNotice", "MaintenanceNotice", "StopSignal",
                                        "LeftoversGone",   "OnExitDone",      "DeadlineReached",    "RestoreDone",
                                        "SyncDone",        "Release",         "IdleTimeout",        "MountsDone",
-                                       "UnmountsDone"};
+                                       "UnmountsDone",    "SyncStalled"};
 static_assert(std::size(kEventNames) == std::variant_size_v<Event>);
 
 template <class E>
@@ -214,6 +215,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     auto maintenance = std::type_identity<MaintenanceNotice>{};
     auto signal = std::type_identity<StopSignal>{};
     auto idle = std::type_identity<IdleTimeout>{};
+    auto stalled = std::type_identity<SyncStalled>{};
     auto release = std::type_identity<Release>{};
     auto leftovers = std::type_identity<LeftoversGone>{};
     auto synced = std::type_identity<SyncDone>{};
@@ -343,6 +345,10 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
                {{"idle_s", std::chrono::duration<double>(e.idle).count()}});
          m.BeginStop(EndReason::kIdle, now, out);
        });
+    on(In(S::kRunning), stalled,
+       "sync-stall-action = stop (`sync.stalled` ERROR logged): SIGINT to the trainer's group → `stopping/SIGINT` "
+       "(`sync-stalled`); on-exit runs",
+       [](M& m, const SyncStalled&, SteadyTime now, Out& out) { m.BeginStop(EndReason::kSyncStalled, now, out); });
     on(In(S::kRunning), deadline,
        "the stop time of a notice with a lead, or `max-runtime` (`run.max_runtime`): SIGINT → `stopping/SIGINT`",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.OnRunningDeadline(now, out); });
@@ -825,6 +831,9 @@ void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::
   bool ok = exit_code_ == 0 || phase() == Phase::kStopping;
   Log(ok ? Severity::kInfo : Severity::kError, "trainer.exit", fmt::format("trainer {}", how), f);
   if (!reason_) reason_ = exit_code_ == 0 ? EndReason::kCompleted : EndReason::kFailed;
+  // Stopped because its progress could not be made durable: not a success,
+  // whatever the trainer answered to SIGINT.
+  if (reason_ == EndReason::kSyncStalled && exit_code_ == 0) exit_code_ = kExitSyncFailed;
   if (phase() == Phase::kStopping && e.group_remaining > 0) {
     // The ladder goes on for the whole group: the process that got our
     // SIGINT and is saving a checkpoint may be a child of the one that died.

@@ -68,7 +68,7 @@ inline constexpr int kStateCount = static_cast<int>(State::kDone) + 1;
 const char* StateName(State s);
 Phase PhaseOf(State s);
 
-enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed };
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed, kSyncStalled };
 const char* EndReasonName(EndReason r);
 
 // Events.
@@ -108,8 +108,11 @@ struct SyncDone {
   bool ok = true;
   bool final = true;  // false: the sync before a restart
 };
+// sync-stall-action = stop: checkpoints have not reached the bucket for
+// twice sync-alert-after (the supervisor logged `sync.stalled` with the cause).
+struct SyncStalled {};
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled>;
 
 // Actions.
 struct StartRestore {};

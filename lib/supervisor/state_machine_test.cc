@@ -1121,3 +1121,46 @@ TEST_CASE("every state but starting and done has a row for its deadline, so no s
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("sync-stall-action = stop: the trainer gets SIGINT, a final sync without DONE, exit 73, on-exit runs") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SignalTrainer>(h.On(SyncStalled{})).signo == SIGINT);
+  CHECK(h.machine.phase() == Phase::kStopping);
+  CHECK(h.machine.end_reason() == EndReason::kSyncStalled);
+  // The trainer saved on SIGINT and exited 0: still not a success.
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(h.machine.exit_code() == 73);
+  CHECK_FALSE(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  Only<RunOnExit>(h.On(SyncDone{false}));
+  CHECK(h.Last("run.end").fields["reason"] == "sync-stalled");
+  CHECK(h.Last("run.end").fields["exit_code"] == 73);
+  // A trainer that failed on SIGINT keeps its own code.
+  Harness h2(SyncOptions());
+  h2.On(StartEvent{});
+  h2.On(RestoreDone{});
+  h2.On(TrainerSpawned{100});
+  h2.On(SyncStalled{});
+  h2.On(TrainerExited{100, 2, 0});
+  CHECK(h2.machine.exit_code() == 2);
+}
+
+TEST_CASE("a stall outside the running state changes nothing (the run is ending, or not started)") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  CHECK(h.On(SyncStalled{}).empty());
+  CHECK(h.machine.phase() == Phase::kRestoring);
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  h.On(PreemptionNotice{});
+  CHECK(h.On(SyncStalled{}).empty());
+  CHECK(h.machine.end_reason() == EndReason::kPreempted);
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -158,7 +158,10 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       deadline_timer_(io),
       sync_timer_(io),
       idle_timer_(io),
-      watchdog_timer_(io) {
+      watchdog_timer_(io),
+      report_timer_(io),
+      stall_timer_(io),
+      durability_(options_.sync ? options_.config.sync_alert_after : std::chrono::milliseconds(0)) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
   boot_id_ = BootId();
   observers_.push_back(std::make_unique<StatusFileObserver>(options_.config.state_dir, clock_, logger_));
@@ -336,6 +339,8 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
                 {"restart_count", restart_count}});
   for (auto& p : pumps_) p->Start();
   Dispatch(TrainerSpawned{trainer_pid_});
+  if (stall_stop_pending_ && durability_.level() == 2) Dispatch(SyncStalled{});
+  stall_stop_pending_ = false;
   ArmSyncTimer();
   if (c.idle_timeout.count() > 0) {
     if (!sampler_) {
@@ -385,6 +390,13 @@ void Supervisor::StartRestore() {
         return;
       }
       restored_ = true;
+      if (!r->done) {
+        // The bucket holds what the trainer starts from (or, with newer
+        // local files kept, held them before this boot).
+        durability_.CaughtUp(clock_.Now(), clock_.WallNow());
+        ArmStallTimer();
+        ArmReportTimer();
+      }
       if (r->done) {
         logger_.Log(LogEvent{Severity::kNotice, "run.already_done",
                              fmt::format("{} has a DONE marker: this run already finished; not training again",
@@ -448,6 +460,88 @@ void Supervisor::StartUnmounts() {
   });
 }
 
+// Phases where the trainer's progress is expected to reach the bucket.
+static bool Training(Phase p) { return p == Phase::kRunning || p == Phase::kRestarting; }
+
+void Supervisor::CountUncommitted(std::function<void()> then) {
+  if (counting_) return;  // the one in flight reports soon enough
+  counting_ = true;
+  auto engine = options_.sync;
+  pool_.Post([this, engine, then = std::move(then)] {
+    auto u = engine->Uncommitted();
+    asio::post(io_, [this, u = std::move(u), then] {
+      counting_ = false;
+      if (exited_) return;
+      if (u.ok()) {
+        uncommitted_ = *u;
+        uncommitted_as_of_ = clock_.WallNow();
+      } else {
+        logger_.Warn("checkpoint.count_failed", "cannot count what is not committed yet: " + u.status().message());
+      }
+      then();
+    });
+  });
+}
+
+void Supervisor::ArmReportTimer() {
+  auto interval = options_.config.checkpoint_report_interval;
+  if (!options_.sync || interval.count() == 0 || exited_) return;
+  report_timer_.expires_after(interval);
+  report_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || exited_) return;
+    if (machine_.phase() == Phase::kDone) return;
+    CountUncommitted([this] {
+      logger_.Log(durability_.AgeEvent(clock_.Now(), clock_.WallNow(), options_.sync->Committed(), uncommitted_));
+      WriteStatus(last_status_event_);
+    });
+    ArmReportTimer();
+  });
+}
+
+void Supervisor::ArmStallTimer() {
+  if (exited_ || !options_.sync) return;
+  auto next = durability_.NextCheck();
+  if (!next) {
+    stall_timer_.cancel();
+    return;
+  }
+  auto wait = *next - clock_.Now();
+  stall_timer_.expires_after(std::max<std::chrono::steady_clock::duration>(wait, {}));
+  stall_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec && !exited_) OnStallCheck();
+  });
+}
+
+void Supervisor::OnStallCheck() {
+  // Not training (stopping, the final sync, done): the run's own end
+  // handles the last sync.
+  if (!Training(machine_.phase())) return;
+  CountUncommitted([this] {
+    if (!Training(machine_.phase())) return;
+    auto e = durability_.Check(clock_.Now(), uncommitted_);
+    if (!e) {
+      ArmStallTimer();  // caught up meanwhile, or not due yet
+      return;
+    }
+    if (durability_.level() == 2 && options_.config.sync_stall_stop) {
+      e->message += "; sync-stall-action is stop: stopping the trainer and ending the run";
+      e->fields["action"] = "stop";
+    }
+    logger_.Log(*e);
+    WriteStatus(*e);
+    if (durability_.level() == 2 && options_.config.sync_stall_stop) {
+      // Between a crash and its restart there is no trainer to stop: the
+      // restarted one is stopped as soon as it starts.
+      if (machine_.phase() == Phase::kRunning) {
+        Dispatch(SyncStalled{});
+      } else {
+        stall_stop_pending_ = true;
+      }
+    }
+    ArmStallTimer();
+  });
+}
+
 void Supervisor::ArmSyncTimer() {
   auto const& c = options_.config;
   if (!options_.sync || c.sync_interval.count() == 0) return;
@@ -506,21 +600,46 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   // taken as it is; one that was killed or crashed may have left its last
   // save half-written, so the marker rule still applies.
   if (final || kind == "restart") mode = exit_code == 0 ? SyncKind::kCompleted : SyncKind::kStopped;
-  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode] {
+  SyncOutcome outcome{clock_.Now(), clock_.WallNow(), std::nullopt};
+  durability_.SyncInFlight(outcome.started);
+  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome]() mutable {
     auto r = engine->Sync(mode, ctx);
     Status done;
     if (r.ok() && !r->deferred && write_done) done = engine->WriteDone(exit_code, ctx);
     if (r.ok() && r->deferred && write_done) done = FailedPreconditionError("nothing was committed");
-    asio::post(io_, [this, kind, final, r = std::move(r), done] { OnSyncDone(kind, final, r, done); });
+    // What is still at risk, for sync.complete and status (a scan, no I/O
+    // to the bucket). Not after the final sync: nothing will read it.
+    if (!final) {
+      if (auto u = engine->Uncommitted(); u.ok()) outcome.uncommitted = *u;
+    }
+    asio::post(io_, [this, kind, final, r = std::move(r), done, outcome] { OnSyncDone(kind, final, r, done, outcome); });
   });
 }
 
-void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done) {
+void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done,
+                            const SyncOutcome& outcome) {
   if (kind == "periodic" || kind == "on-demand") {
     sync_in_flight_ = false;
     periodic_cancel_.reset();
   }
+  durability_.SyncInFlight(std::nullopt);
+  if (outcome.uncommitted) {
+    uncommitted_ = outcome.uncommitted;
+    uncommitted_as_of_ = clock_.WallNow();
+  }
   bool committed = r.ok() && !r->deferred;
+  if (committed) {
+    // The bucket now holds the tree as of the sync's snapshot, no older than its start.
+    if (auto e = durability_.CaughtUp(outcome.started, outcome.started_wall)) logger_.Log(*e);
+  } else if (r.ok()) {
+    durability_.Problem(fmt::format("the last sync ({}) committed nothing: {}", kind, r->deferred_reason));
+  } else {
+    auto fenced = options_.sync->Fenced();
+    durability_.Problem(!fenced.empty() ? fenced : fmt::format("the last sync ({}) failed: {}", kind, r.status().message()));
+  }
+  ArmStallTimer();
+  auto committed_view = options_.sync->Committed();
+  auto age = durability_.Json(clock_.Now(), clock_.WallNow(), committed_view, uncommitted_, uncommitted_as_of_);
   if (r.ok()) {
     for (auto const& name : r->skipped_names) {
       logger_.Warn("sync.unstorable_name",
@@ -545,7 +664,9 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
                  {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
                   {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},
                   {"duration_s", r->seconds}, {"throughput_mbps", mbps}, {"attempts", r->attempts},
-                  {"judged_by", r->judged_by}, {"staged", r->staged}});
+                  {"judged_by", r->judged_by}, {"staged", r->staged}, {"age_s", age["age_s"]},
+                  {"uncommitted_files", outcome.uncommitted ? nlohmann::json(outcome.uncommitted->files) : nlohmann::json(nullptr)},
+                  {"uncommitted_bytes", outcome.uncommitted ? nlohmann::json(outcome.uncommitted->bytes) : nlohmann::json(nullptr)}});
     last_sync_ = {{"kind", kind}, {"ok", true}, {"sequence", r->sequence}, {"time", FormatRfc3339(clock_.WallNow())},
                   {"files_uploaded", r->files_uploaded}, {"bytes", r->bytes_uploaded}};
   } else if (r.ok()) {
@@ -675,7 +796,8 @@ void Supervisor::SignalLeftovers(int signo) {
 OnExit Supervisor::OnExitFor(EndReason reason) const {
   auto const& c = options_.config;
   bool success = reason == EndReason::kCompleted || reason == EndReason::kAlreadyDone;
-  bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed || reason == EndReason::kMountFailed;
+  bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed || reason == EndReason::kMountFailed ||
+                 reason == EndReason::kSyncStalled;
   if (success && c.on_exit_success) return *c.on_exit_success;
   if (failure && c.on_exit_failure) return *c.on_exit_failure;
   return c.on_exit;
@@ -787,6 +909,8 @@ void Supervisor::Exit(int code) {
   sync_timer_.cancel();
   idle_timer_.cancel();
   watchdog_timer_.cancel();
+  report_timer_.cancel();
+  stall_timer_.cancel();
   for (auto& o : observers_) o->Close();
   compute_sleeper_.Cancel();
   io_.stop();
@@ -814,6 +938,10 @@ RunView Supervisor::View(const LogEvent& last) const {
   v.last_event = last.event;
   v.last_message = last.message;
   v.last_sync = last_sync_;
+  if (options_.sync && restored_) {
+    v.checkpoint = durability_.Json(clock_.Now(), clock_.WallNow(), options_.sync->Committed(), uncommitted_,
+                                    uncommitted_as_of_);
+  }
   v.spotvisor_pid = getpid();
   v.start_time_ticks = start_time_ticks_;
   v.boot_id = boot_id_;
@@ -823,6 +951,7 @@ RunView Supervisor::View(const LogEvent& last) const {
 // Every observer hears of every change, after the event's actions: nothing
 // may delay a signal to the trainer.
 void Supervisor::WriteStatus(const LogEvent& last) {
+  last_status_event_ = last;
   auto view = View(last);
   for (auto& o : observers_) o->OnChange(view);
 }

@@ -17,6 +17,7 @@
 #include "log/logger.h"
 #include "output/line_assembler.h"
 #include "process/spawn.h"
+#include "supervisor/durability.h"
 #include "supervisor/observers.h"
 #include "supervisor/state_machine.h"
 #include "activity/activity.h"
@@ -109,7 +110,21 @@ class Supervisor {
   void StartSync(const std::string& kind, bool final, bool write_done, const StartFinalSync* final_sync = nullptr);
   void ArmSyncTimer();
   void ArmIdleTimer();
-  void OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done);
+  // `started`: when the sync began (its snapshot is no older); `uncommitted`:
+  // counted right after it.
+  struct SyncOutcome {
+    SteadyTime started{};
+    WallTime started_wall{};
+    std::optional<UncommittedView> uncommitted;
+  };
+  void OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done,
+                  const SyncOutcome& outcome);
+  // Durability (issue #14): the periodic `checkpoint.age` report and the
+  // stall check, each counting what is not committed off the loop first.
+  void ArmReportTimer();
+  void ArmStallTimer();
+  void CountUncommitted(std::function<void()> then);
+  void OnStallCheck();
 
   boost::asio::io_context& io_;
   const Clock& clock_;
@@ -121,6 +136,14 @@ class Supervisor {
   boost::asio::steady_timer sync_timer_;
   boost::asio::steady_timer idle_timer_;
   boost::asio::steady_timer watchdog_timer_;
+  boost::asio::steady_timer report_timer_;
+  boost::asio::steady_timer stall_timer_;
+  DurabilityTracker durability_;
+  std::optional<UncommittedView> uncommitted_;
+  std::optional<WallTime> uncommitted_as_of_;
+  bool stall_stop_pending_ = false;  // sync-stall-action = stop came while the trainer was restarting
+  bool counting_ = false;  // a count of what is not committed is in flight
+  LogEvent last_status_event_;  // what status.json's last_event says
   std::vector<std::unique_ptr<RunObserver>> observers_;
   std::unique_ptr<ActivitySampler> sampler_;
   std::optional<IdleDetector> idle_;

@@ -301,10 +301,12 @@ Status GiveToOwner(const std::string& path, const SyncOptions& o, mode_t mode) {
 }
 
 // Writes `text` to `path` so that a crash leaves the old or the new file.
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
+// `mode`: 0600 for spotvisor's own record, 0644 for what the trainer reads.
+Status WriteFileAtomically(const std::string& path, const std::string& text, mode_t mode = 0600) {
   auto tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return ErrnoToStatus(errno, "creating " + tmp);
+  fchmod(fd, mode);  // whatever the umask, and a leftover .tmp's old mode
   for (std::size_t done = 0; done < text.size();) {
     ssize_t w = write(fd, text.data() + done, text.size() - done);
     if (w < 0 && errno == EINTR) continue;
@@ -621,6 +623,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     sequence_ = 0;
     commit_id_.clear();
     state_.clear();
+    std::string published = Publish("", "");
     // A restart before the first commit: what this disk holds is the only
     // copy of the run's work. Keep it and resume from it.
     if (record && record->last.commit_id.empty() && record->last.sequence == 0) {
@@ -636,6 +639,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
       }
     }
     stats.state_warning = RememberCommit(false);
+    if (stats.state_warning.empty()) stats.state_warning = published;
     stats.seconds = Since(start, clock_);
     return stats;
   }
@@ -666,6 +670,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     stats.resumed = true;
     stats.files = static_cast<int>(m->files.size());
     stats.sequence = sequence_;
+    if (auto w = Publish(m->committed_at, m->instance); !w.empty()) stats.state_warning = w;
   };
 
   if (known) {
@@ -687,7 +692,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
       adopt(std::move(files));
       stats.kept_local = ls->newer + ls->missing > 0;
       stats.local_changes = ls->newer + ls->missing;
-      stats.state_warning = RememberCommit(m->marker);
+      if (auto w = RememberCommit(m->marker); !w.empty()) stats.state_warning = w;
       stats.seconds = Since(start, clock_);
       return stats;
     }
@@ -774,7 +779,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     }
   }
   adopt(std::move(restored));
-  stats.state_warning = RememberCommit(m->marker);
+  if (auto w = RememberCommit(m->marker); !w.empty()) stats.state_warning = w;
   stats.seconds = Since(start, clock_);
   return stats;
 }
@@ -826,6 +831,66 @@ std::string SyncEngine::NoteTrainerRunning(bool running) {
   return WriteRecord(record_);
 }
 
+std::string SyncEngine::Publish(const std::string& committed_at, const std::string& instance) {
+  CommittedView v;
+  v.known = true;
+  v.sequence = sequence_;
+  v.committed_at = committed_at;
+  v.committed_time = ParseRfc3339(committed_at);
+  v.instance = instance;
+  v.files = static_cast<int>(state_.size());
+  std::map<std::string, std::pair<std::uint64_t, std::int64_t>> files;
+  Json list = Json::array();
+  for (auto const& [path, u] : state_) {
+    v.bytes += u.size;
+    files.emplace(path, std::make_pair(u.size, u.mtime_ns));
+    list.push_back({{"path", path}, {"size", u.size}});
+  }
+  {
+    std::lock_guard lk(view_mu_);
+    view_ = v;
+    view_files_ = std::move(files);
+  }
+  if (o_.committed_file.empty()) return "";
+  // For the trainer: which of its files the bucket holds, and since when.
+  Json j = {{"version", 1},
+            {"run_id", o_.run_id},
+            {"bucket", store_->Describe()},
+            {"checkpoint_dir", o_.checkpoint_dir},
+            {"sequence", v.sequence},
+            {"committed_at", v.sequence > 0 ? Json(committed_at) : Json(nullptr)},
+            {"instance", v.sequence > 0 ? Json(instance) : Json(nullptr)},
+            {"file_count", v.files},
+            {"bytes", v.bytes},
+            {"files", std::move(list)}};
+  auto s = WriteFileAtomically(o_.committed_file, Dump(j, 1) + "\n", 0644);
+  return s.ok() ? "" : "could not write " + o_.committed_file + ": " + s.message();
+}
+
+CommittedView SyncEngine::Committed() const {
+  std::lock_guard lk(view_mu_);
+  return view_;
+}
+
+StatusOr<UncommittedView> SyncEngine::Uncommitted() const {
+  auto scan = ScanTree(o_.checkpoint_dir);
+  if (!scan.ok()) return scan.status();
+  UncommittedView u;
+  std::lock_guard lk(view_mu_);
+  std::size_t matched = 0;
+  for (auto const& f : scan->files) {
+    auto it = view_files_.find(f.rel);
+    if (it != view_files_.end()) ++matched;
+    if (it == view_files_.end() || it->second.first != f.st.size || it->second.second != f.st.mtime_ns) {
+      ++u.files;
+      u.bytes += f.st.size;
+    }
+  }
+  // Files the commit holds that are gone here: the next commit drops them.
+  u.files += static_cast<int>(view_files_.size() - matched);
+  return u;
+}
+
 Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, const CallContext& ctx) {
   std::string id = RandomHex(16);
   Json files = Json::array();
@@ -833,12 +898,13 @@ Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, co
     files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},
                      {"generation", u.generation}});
   }
+  std::string committed_at = FormatRfc3339(clock_.WallNow());
   Json manifest = {{"version", 2},
                    {"run_id", o_.run_id},
                    {"sequence", seq},
                    {"instance", o_.instance},
                    {"commit_id", id},
-                   {"committed_at", FormatRfc3339(clock_.WallNow())},
+                   {"committed_at", committed_at},
                    {"marker", marker},
                    {"files", files}};
   std::string text = Dump(manifest, 1);
@@ -855,6 +921,7 @@ Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, co
     commit_id_ = id;
     marker_committed_ = marker;
     pending_.reset();
+    publish_warning_ = Publish(committed_at, o_.instance);
   };
   for (int round = 0; round < 2; ++round) {
     auto committed = store_->UploadBytes(kManifest, text, Precondition{manifest_generation_}, ctx);
@@ -891,6 +958,7 @@ Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, co
       marker_committed_ = pending_->marker;
       manifest_generation_ = info.generation;
       pending_.reset();
+      publish_warning_ = Publish(theirs->committed_at, theirs->instance);
       continue;
     }
     std::string who = theirs.ok() ? fmt::format("instance \"{}\" committed checkpoint #{} at {}", theirs->instance,
@@ -1146,6 +1214,8 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     if (auto c = Commit(seq, next, uses_marker, ctx); !c.ok()) return c;
     deferrals_ = 0;
     stats.state_warning = RememberCommit(marker_committed_);
+    if (stats.state_warning.empty()) stats.state_warning = publish_warning_;
+    publish_warning_.clear();
     if (!ctx.urgent) CollectGarbage(seq, ctx, stats);
     stats.files_total = static_cast<int>(state_.size());
     stats.sequence = seq;

@@ -85,6 +85,29 @@ struct SyncOptions {
   // never came, so the store may apply it late): wait this long and collect
   // once more. Bounded by the context's deadline.
   std::chrono::milliseconds late_collection{2000};
+  // STATE_DIR/committed.json: what the bucket holds, for the trainer to read
+  // (SPOTVISOR_COMMITTED_FILE); rewritten after every commit and restore.
+  // Empty: not written.
+  std::string committed_file;
+};
+
+// What the bucket holds for this run, as far as this VM knows (its last
+// commit or restore). A copy: safe to take while a sync runs.
+struct CommittedView {
+  std::int64_t sequence = 0;    // 0: nothing committed yet
+  std::string committed_at;     // RFC 3339, as the manifest says (the committing VM's clock)
+  std::optional<WallTime> committed_time;  // parsed; nullopt if the manifest's text was not a time
+  std::string instance;         // the VM that committed it
+  int files = 0;
+  std::uint64_t bytes = 0;
+  // Whether a restore or commit has happened yet (before that, nothing is known).
+  bool known = false;
+};
+
+// Local files the bucket does not hold as they are now.
+struct UncommittedView {
+  int files = 0;            // new, changed or removed since the last commit
+  std::uint64_t bytes = 0;  // the size now of the new and changed ones
 };
 
 struct SyncStats {
@@ -150,6 +173,11 @@ class SyncEngine {
   // local files may hold a save cut off by spotvisor's death. Thread-safe,
   // never waits for a sync; returns a warning, or "" once remembered.
   std::string NoteTrainerRunning(bool running);
+  // Thread-safe; never waits for a sync.
+  CommittedView Committed() const;
+  // Scans CHECKPOINT_DIR (lstat only) against the last commit. Thread-safe;
+  // never waits for a sync.
+  StatusOr<UncommittedView> Uncommitted() const;
 
  private:
   struct Uploaded {
@@ -174,6 +202,9 @@ class SyncEngine {
   std::string RememberCommit(bool marker, const Pending* pending = nullptr);
   // Writes `j` (plus trainer_running) to state_file; record_mu_ held.
   std::string WriteRecord(nlohmann::json j);
+  // state_ is what the bucket holds now (mu_ held): updates Committed() and
+  // committed_file. Returns a warning, or "".
+  std::string Publish(const std::string& committed_at, const std::string& instance);
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;
@@ -209,6 +240,11 @@ class SyncEngine {
   std::mutex record_mu_;
   nlohmann::json record_;
   bool trainer_running_ = false;
+  // Committed(): what Publish last saw, and each file's size and mtime.
+  mutable std::mutex view_mu_;
+  CommittedView view_;
+  std::map<std::string, std::pair<std::uint64_t, std::int64_t>> view_files_;
+  std::string publish_warning_;  // from the last commit's Publish (mu_ held)
 };
 
 // Why the object store cannot hold this relative path (not UTF-8, CR or LF,

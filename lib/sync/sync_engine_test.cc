@@ -1177,3 +1177,73 @@ TEST_CASE("once a run's trainer used the marker, every later manifest says so, a
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("Committed() and committed.json say what the bucket holds; Uncommitted() what it does not yet") {
+  Dirs d;
+  FakeClock clock;
+  Write(d.ckpt + "/model.ckpt", std::string(1000, 'm'));
+  Write(d.ckpt + "/opt.bin", "optimizer");
+  auto o = Options(d.ckpt);
+  o.committed_file = d.root + "/committed.json";
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  CHECK_FALSE(e.Committed().known);
+  REQUIRE(e.Restore().ok());
+  // Nothing in the bucket yet: everything on disk is at risk.
+  CHECK(e.Committed().known);
+  CHECK(e.Committed().sequence == 0);
+  auto before = e.Uncommitted();
+  REQUIRE(before.ok());
+  CHECK(before->files == 2);
+  CHECK(before->bytes == 1009);
+  auto j0 = nlohmann::json::parse(Read(o.committed_file));
+  CHECK(j0["sequence"] == 0);
+  CHECK(j0["committed_at"].is_null());
+
+  REQUIRE_FALSE(e.Sync(true)->deferred);
+  auto c = e.Committed();
+  CHECK(c.sequence == 1);
+  CHECK(c.files == 2);
+  CHECK(c.bytes == 1009);
+  CHECK(c.instance == "vm-a");
+  REQUIRE(c.committed_time.has_value());
+  CHECK(std::chrono::abs(*c.committed_time - clock.wall) < 1ms);
+  CHECK(e.Uncommitted()->files == 0);
+  CHECK(e.Uncommitted()->bytes == 0);
+  // What the trainer reads: which of its files the bucket holds, and since when.
+  auto j = nlohmann::json::parse(Read(o.committed_file));
+  CHECK(j["sequence"] == 1);
+  CHECK(j["committed_at"] == c.committed_at);
+  CHECK(j["bytes"] == 1009);
+  CHECK(j["files"] == nlohmann::json::array({{{"path", "model.ckpt"}, {"size", 1000}}, {{"path", "opt.bin"}, {"size", 9}}}));
+  struct stat st {};
+  REQUIRE(stat(o.committed_file.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0644);  // the trainer may run as another user
+
+  // A new save, a changed file and a removed one: all at risk until the next commit.
+  Write(d.ckpt + "/model.ckpt", std::string(2000, 'n'));
+  Write(d.ckpt + "/extra/step.json", "{}");
+  fs::remove(d.ckpt + "/opt.bin");
+  auto u = e.Uncommitted();
+  REQUIRE(u.ok());
+  CHECK(u->files == 3);
+  CHECK(u->bytes == 2002);
+  // A failed sync changes nothing of what is committed.
+  CHECK(e.Committed().sequence == 1);
+
+  // A new VM restoring it sees the same commit, with the committing VM's time.
+  auto fresh = d.root + "/fresh";
+  fs::create_directories(fresh);
+  auto o2 = Options(fresh, "vm-b");
+  SyncEngine e2(MakeFileObjectStore(d.bucket + "/run1"), o2, clock);
+  REQUIRE(e2.Restore().ok());
+  CHECK(e2.Committed().sequence == 1);
+  CHECK(e2.Committed().instance == "vm-a");
+  CHECK(e2.Committed().committed_at == c.committed_at);
+  CHECK(e2.Uncommitted()->files == 0);
+}
+
+}  // namespace
+}  // namespace spotvisor

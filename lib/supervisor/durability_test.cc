@@ -1,0 +1,145 @@
+#include "supervisor/durability.h"
+
+#include <catch2/catch.hpp>
+
+namespace spotvisor {
+namespace {
+
+using namespace std::chrono_literals;
+
+const SteadyTime t0 = SteadyTime{} + 1000h;
+const WallTime w0 = *ParseRfc3339("2026-11-24T10:00:00Z");
+
+TEST_CASE("RFC 3339 times: what we write reads back; anything else is refused, never thrown on") {
+  auto t = WallTime(std::chrono::duration_cast<WallTime::duration>(std::chrono::nanoseconds(1'790'000'000'123'456'789)));
+  CHECK(ParseRfc3339(FormatRfc3339(t)) == t);
+  CHECK(ParseRfc3339("2026-11-24T10:00:00Z") == ParseRfc3339("2026-11-24T11:30:00+01:30"));
+  CHECK(ParseRfc3339("2026-11-24T10:00:00.5Z").value() - *ParseRfc3339("2026-11-24T10:00:00Z") == 500ms);
+  CHECK(ParseRfc3339("2026-11-24T10:00:00-02:00").value() - *ParseRfc3339("2026-11-24T10:00:00Z") == 2h);
+  for (const char* bad : {"", "2026-11-24", "2026-11-24T10:00:00", "2026-13-24T10:00:00Z", "2026-11-24T25:00:00Z",
+                          "2026-11-24T10:00:00.Z", "2026-11-24T10:00:00Zjunk", "2026-11-24T10:00:00+0100",
+                          "abcd-11-24T10:00:00Z", "2026-11-24T10:00:00+99:00", "1969-12-31T23:59:59Z"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(ParseRfc3339(bad).has_value());
+  }
+}
+
+TEST_CASE("a stall is a WARNING once the bucket lags sync-alert-after, an ERROR at twice, each once") {
+  DurabilityTracker d(30min);
+  CHECK_FALSE(d.NextCheck());  // nothing restored yet: no clock to run
+  CHECK_FALSE(d.CaughtUp(t0, w0));
+  REQUIRE(d.NextCheck() == t0 + 30min);
+  CHECK_FALSE(d.Check(t0 + 29min, std::nullopt));
+  d.Problem("the last sync (periodic) failed: 403 Forbidden (storage.objects.create)");
+  auto warn = d.Check(t0 + 30min, UncommittedView{3, 2'500'000'000});
+  REQUIRE(warn);
+  CHECK(warn->severity == Severity::kWarning);
+  CHECK(warn->event == "sync.stalled");
+  CHECK(warn->fields["cause"] == "the last sync (periodic) failed: 403 Forbidden (storage.objects.create)");
+  CHECK(warn->fields["uncommitted_bytes"] == 2'500'000'000u);
+  CHECK(warn->message.find("2.5 GB in 3 file(s) on disk are not in the bucket") != std::string::npos);
+  CHECK(warn->message.find("403 Forbidden") != std::string::npos);
+  CHECK(d.level() == 1);
+  CHECK_FALSE(d.Check(t0 + 40min, std::nullopt));  // said once
+  REQUIRE(d.NextCheck() == t0 + 60min);
+  auto err = d.Check(t0 + 60min, std::nullopt);
+  REQUIRE(err);
+  CHECK(err->severity == Severity::kError);
+  CHECK(d.level() == 2);
+  CHECK_FALSE(d.NextCheck());
+  CHECK(d.Json(t0 + 61min, w0 + 61min, {}, std::nullopt, std::nullopt)["stalled"] == true);
+
+  // Caught up again: one sync.recovered, and the clock starts over.
+  auto rec = d.CaughtUp(t0 + 62min, w0 + 62min);
+  REQUIRE(rec);
+  CHECK(rec->event == "sync.recovered");
+  CHECK(d.level() == 0);
+  CHECK(d.NextCheck() == t0 + 92min);
+  CHECK_FALSE(d.CaughtUp(t0 + 63min, w0 + 63min));  // nothing to recover from
+  // A sync whose snapshot is older than the last catch-up does not set the clock back.
+  d.CaughtUp(t0 + 50min, w0 + 50min);
+  CHECK(d.NextCheck() == t0 + 93min);
+}
+
+TEST_CASE("a lag already twice the limit is an ERROR at once") {
+  DurabilityTracker d(1min);
+  d.CaughtUp(t0, w0);
+  auto e = d.Check(t0 + 5min, std::nullopt);
+  REQUIRE(e);
+  CHECK(e->severity == Severity::kError);
+  CHECK(d.level() == 2);
+}
+
+TEST_CASE("sync-alert-after 0: never stalled") {
+  DurabilityTracker d(0ms);
+  d.CaughtUp(t0, w0);
+  CHECK_FALSE(d.NextCheck());
+  CHECK_FALSE(d.Check(t0 + 1000h, std::nullopt));
+}
+
+TEST_CASE("the stall names a sync that has been running too long, else the last problem") {
+  DurabilityTracker d(10min);
+  d.CaughtUp(t0, w0);
+  d.Problem("the last sync (periodic) committed nothing: a file is open for writing");
+  d.SyncInFlight(t0 + 2min);
+  auto e = d.Check(t0 + 10min, std::nullopt);
+  REQUIRE(e);
+  CHECK(d.cause().find("a sync has been running for 8m") != std::string::npos);
+  DurabilityTracker d2(10min);
+  d2.CaughtUp(t0, w0);
+  d2.Problem("the last sync (periodic) committed nothing: a file is open for writing");
+  d2.SyncInFlight(t0 + 9min);
+  REQUIRE(d2.Check(t0 + 10min, std::nullopt));
+  CHECK(d2.cause() == "the last sync (periodic) committed nothing: a file is open for writing");
+  DurabilityTracker d3(10min);
+  d3.CaughtUp(t0, w0);
+  REQUIRE(d3.Check(t0 + 10min, std::nullopt));
+  CHECK(d3.cause().find("no sync has caught up") != std::string::npos);
+}
+
+TEST_CASE("the durability block: the commit's age from its own time, never negative; what is at risk") {
+  DurabilityTracker d(30min);
+  d.CaughtUp(t0, w0);
+  CommittedView c;
+  c.known = true;
+  c.sequence = 7;
+  c.committed_at = "2026-11-24T09:55:00Z";
+  c.committed_time = ParseRfc3339(c.committed_at);
+  c.instance = "vm-a";
+  c.files = 2;
+  c.bytes = 300;
+  auto j = d.Json(t0 + 1min, w0 + 1min, c, UncommittedView{1, 50}, w0 + 30s);
+  CHECK(j["sequence"] == 7);
+  CHECK(j["age_s"].get<double>() == Approx(360.0));
+  CHECK(j["lag_s"].get<double>() == Approx(60.0));
+  CHECK(j["caught_up_at"] == "2026-11-24T10:00:00.000000000Z");
+  CHECK(j["uncommitted_files"] == 1);
+  CHECK(j["uncommitted_bytes"] == 50);
+  CHECK(j["uncommitted_as_of"] == "2026-11-24T10:00:30.000000000Z");
+  CHECK(j["instance"] == "vm-a");
+  CHECK(j["stalled"] == false);
+  // Committed by a VM whose clock runs ahead.
+  c.committed_time = w0 + 10min;
+  CHECK(d.Json(t0, w0, c, std::nullopt, std::nullopt)["age_s"] == 0.0);
+  // A manifest time that is not a time: no age, and the event says so.
+  c.committed_time.reset();
+  c.committed_at = "yesterday";
+  CHECK(d.Json(t0, w0, c, std::nullopt, std::nullopt)["age_s"].is_null());
+  CHECK(d.AgeEvent(t0, w0, c, std::nullopt).message.find("not readable") != std::string::npos);
+  // Nothing committed yet.
+  auto none = d.AgeEvent(t0 + 1min, w0 + 1min, CommittedView{}, UncommittedView{2, 10});
+  CHECK(none.event == "checkpoint.age");
+  CHECK(none.message == "no checkpoint committed yet; 10 bytes in 2 file(s) not committed yet; the bucket last caught up 1m ago");
+  CHECK(none.fields["committed_at"].is_null());
+}
+
+TEST_CASE("sizes in messages") {
+  CHECK(FormatBytes(0) == "0 bytes");
+  CHECK(FormatBytes(999) == "999 bytes");
+  CHECK(FormatBytes(1500) == "1.5 kB");
+  CHECK(FormatBytes(2'500'000'000) == "2.5 GB");
+  CHECK(FormatBytes(UINT64_MAX) == "18446.7 PB");
+}
+
+}  // namespace
+}  // namespace spotvisor
