@@ -34,6 +34,21 @@ void ReadLikeTheCommands(const nlohmann::json& j) {
     }
     phase = ls.dump();
   }
+  if (auto c = j.find("checkpoint"); c != j.end()) {
+    // As `spotvisor status` prints the durability block.
+    for (const char* k : {"committed_at", "uncommitted_as_of", "caught_up_at", "stall_cause"}) {
+      if (auto it = c->find(k); it != c->end() && it->is_string()) phase = it->get<std::string>();
+    }
+    for (const char* k : {"sequence", "files", "bytes", "uncommitted_files", "uncommitted_bytes"}) {
+      auto it = c->find(k);
+      volatile unsigned long long n = it != c->end() && it->is_number_unsigned() ? it->get<std::uint64_t>()
+                                      : it != c->end() && it->is_number_integer() && it->get<long long>() > 0
+                                          ? static_cast<std::uint64_t>(it->get<long long>())
+                                          : 0;
+      (void)n;
+    }
+    if (c->contains("stalled") && (*c)["stalled"].is_boolean()) pid = (*c)["stalled"].get<bool>();
+  }
   auto out = j;
   out["running"] = false;
   phase = out.dump(2);

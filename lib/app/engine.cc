@@ -23,6 +23,7 @@
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
 #include "log/journald_sink.h"
+#include "metadata/upcoming_maintenance.h"
 #include "metadata/watcher.h"
 #include "mount/guarded_store.h"
 #include "mount/mount_manager.h"
@@ -63,6 +64,7 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
     }
   }
   if (auto p = client.Get("instance/scheduling/preemptible"); p.ok()) m.preemptible = p->value;
+  if (auto p = client.Get("instance/scheduling/on-host-maintenance"); p.ok()) m.on_host_maintenance = std::string(Trim(p->value));
   if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
   if (auto id = client.Get("instance/id"); id.ok()) m.instance_id = id->value;
   if (auto z = client.Get("instance/zone"); z.ok()) m.zone = z->value.substr(z->value.rfind('/') + 1);
@@ -445,6 +447,7 @@ int RunEngine(const EngineOptions& options) {
   so.mode = options.mode == Mode::kDaemon ? "daemon" : "run";
   so.already_preempted = metadata.preempted.value == "TRUE";
   so.maintenance_terminate = metadata.maintenance.value == "TERMINATE_ON_HOST_MAINTENANCE";
+  so.on_host_maintenance = metadata.on_host_maintenance;
   if (auto u = LookupUser(config.user); u.ok() && u->uid != geteuid()) so.user = *u;
   so.base_env = BaseEnv(so.user);
   if (!config.bucket.empty()) {
@@ -505,8 +508,10 @@ int RunEngine(const EngineOptions& options) {
 
   std::vector<std::unique_ptr<MetadataWatcher>> watchers;
   if (metadata.available) {
-    auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change) {
+    auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change,
+                     std::function<bool(const Status&)> absent = nullptr) {
       WatcherOptions wo;
+      wo.absent = std::move(absent);
       wo.timeout_sec = std::chrono::duration_cast<std::chrono::seconds>(config.metadata_watch_timeout);
       wo.backoff = std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0);
       WatcherCallbacks cb;
@@ -528,6 +533,11 @@ int RunEngine(const EngineOptions& options) {
     });
     watch("instance/maintenance-event", metadata.maintenance,
           [&](const std::string& v) { supervisor.NotifyMaintenance(v); });
+    // The window of maintenance ahead (issue #14). ETag "0" cannot match, so
+    // the first request answers at once with what is scheduled now; 404 and
+    // 503 "no notifications" mean nothing is (asked again every 30 s).
+    watch("instance/upcoming-maintenance?alt=json", MetadataValue{"", "0"},
+          [&](const std::string& v) { supervisor.NotifyUpcomingMaintenance(v); }, IsNoMaintenanceAnswer);
   }
   supervisor.Start();
   for (auto& w : watchers) w->Start();

@@ -34,6 +34,7 @@ struct MetadataSnapshot {
   std::string instance_name;
   MetadataValue preempted, maintenance;
   std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on legacy preemptible VMs
+  std::string on_host_maintenance;  // instance/scheduling/on-host-maintenance: TERMINATE or MIGRATE ("" unknown)
   std::string project_id, zone;  // zone: the last segment of instance/zone
   std::string instance_id;
   bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE

@@ -374,6 +374,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   c.restart_delay = res.Duration("restart-delay", c.restart_delay);
   c.max_runtime = res.Duration("max-runtime", c.max_runtime);
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
+  c.maintenance_stop_before = res.Duration("maintenance-stop-before", c.maintenance_stop_before);
   c.preemption_stop_lead = res.Duration("preemption-stop-lead", c.preemption_stop_lead);
   c.preemption_window = res.Duration("preemption-window", c.preemption_window);
   c.on_exit_timeout = res.Duration("on-exit-timeout", c.on_exit_timeout);

@@ -32,6 +32,9 @@ const std::vector<KeySpec>& AllKeys() {
        "Stop the trainer gracefully this long after spotvisor started, with a final sync (0: no limit)"},
       {"maintenance-stop-lead", "0s",
        "After a TERMINATE maintenance notice: sync at once, stop the trainer this much later (0: right away)"},
+      {"maintenance-stop-before", "5m",
+       "When instance/upcoming-maintenance gives the window of a maintenance that will terminate the VM: sync at once, "
+       "stop the trainer this long before the window opens"},
       {"idle-timeout", "0",
        "End the run after this long with no activity by the trainer's process tree (0: never); for interactive servers"},
       {"idle-threshold", "5",

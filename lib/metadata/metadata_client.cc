@@ -91,7 +91,8 @@ class MetadataClientImpl final : public MetadataClient {
                                 std::chrono::milliseconds timeout) {
     HttpRequest req;
     req.url = fmt::format("http://{}/computeMetadata/v1/{}", endpoint_.host, path);
-    if (!query.empty()) req.url += "?" + query;
+    // A path may carry its own query (instance/upcoming-maintenance?alt=json).
+    if (!query.empty()) req.url += (path.find('?') == std::string::npos ? "?" : "&") + query;
     req.headers = {{"Metadata-Flavor", "Google"}};
     req.timeout = timeout;
     req.connect_timeout = std::min(endpoint_.connect_timeout, timeout);
@@ -110,8 +111,13 @@ class MetadataClientImpl final : public MetadataClient {
       case 404: return NotFoundError(where + ": not defined (HTTP 404)");
       case 400: return InvalidArgumentError(where + ": bad request (HTTP 400): " + r->body);
       case 403: return PermissionDeniedError(where + ": forbidden (HTTP 403): " + r->body);
-      default:
-        return UnavailableError(fmt::format("{}: HTTP {}", where, r->status));
+      default: {
+        // The body may say why (a 503 "no notifications have been received
+        // yet" is how some servers say nothing is scheduled); quoted short.
+        auto body = std::string_view(r->body).substr(0, output::Utf8SafePrefixLength(r->body, 200));
+        return UnavailableError(fmt::format("{}: HTTP {}{}", where, r->status,
+                                            body.empty() ? "" : ": " + output::EscapeInvalidUtf8(body)));
+      }
     }
   }
 

@@ -160,3 +160,24 @@ TEST_CASE("a metadata read carries the caller's deadline and cancellation", "[me
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("a path with its own query gets the long-poll's parameters after &; a 503's body is quoted in the error") {
+  std::vector<std::string> urls;
+  auto c = Client(200, "NONE", &urls);
+  REQUIRE(c->Watch("instance/upcoming-maintenance?alt=json", "0", std::chrono::seconds(5)).ok());
+  CHECK(urls.at(0) == "http://md/computeMetadata/v1/instance/upcoming-maintenance?alt=json&wait_for_change=true&timeout_sec=5&last_etag=0");
+  auto busy = Client(503, "{\"error\": \"no notifications have been received yet, try again later\"}", &urls);
+  auto r = busy->Get("instance/upcoming-maintenance");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnavailable);
+  CHECK(r.status().message().find("HTTP 503: {\"error\": \"no notifications") != std::string::npos);
+  auto bare = Client(503, std::string(300, 'x') + "\xff", &urls);
+  auto b = bare->Get("instance/preempted");
+  CHECK(b.status().message() == "metadata instance/preempted: HTTP 503: " + std::string(200, 'x'));
+}
+
+}  // namespace
+}  // namespace spotvisor

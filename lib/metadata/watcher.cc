@@ -46,6 +46,18 @@ void MetadataWatcher::Run() {
                                        "changes",
                                        path_));
     }
+    if (!r.ok() && options_.absent && options_.absent(r.status())) {
+      if (failures > 0 && callbacks_.on_recovered) callbacks_.on_recovered(failures);
+      failures = 0;
+      options_.backoff->Reset();
+      bool changed = current_.value != options_.absent_value;
+      // The next request asks for the current value at once (an ETag that
+      // cannot match), so the key being defined meanwhile is not missed.
+      current_ = MetadataValue{options_.absent_value, "0"};
+      if (changed && callbacks_.on_change) callbacks_.on_change(current_.value);
+      if (!sleeper_.SleepFor(options_.absent_poll)) return;
+      continue;
+    }
     // Never give up, not even on 404: a key can be defined later, and a
     // watcher that stops would silently miss the preemption it exists for.
     if (failures++ == 0 && callbacks_.on_failing) callbacks_.on_failing(r.status());

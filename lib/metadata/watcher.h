@@ -31,6 +31,13 @@ struct WatcherCallbacks {
 struct WatcherOptions {
   std::chrono::seconds timeout_sec{60};
   std::unique_ptr<BackoffPolicy> backoff;
+  // Answers that mean "no value" rather than a failure (a key that is only
+  // defined while something is scheduled): delivered as `absent_value`,
+  // not logged, and asked again every `absent_poll` (there is no ETag to
+  // wait on). Null: every error is a failure, retried with the backoff.
+  std::function<bool(const Status&)> absent;
+  std::string absent_value;
+  std::chrono::milliseconds absent_poll{30'000};
 };
 
 class MetadataWatcher {

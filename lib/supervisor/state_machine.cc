@@ -156,7 +156,7 @@ constexpr const char* kEventNames[] = {"StartEvent",      "TrainerSpawned",  "Tr
                                        "GroupEmpty",      "PreemptionNotice", "MaintenanceNotice", "StopSignal",
                                        "LeftoversGone",   "OnExitDone",      "DeadlineReached",    "RestoreDone",
                                        "SyncDone",        "Release",         "IdleTimeout",        "MountsDone",
-                                       "UnmountsDone",    "SyncStalled"};
+                                       "UnmountsDone",    "SyncStalled",     "MaintenanceWindow"};
 static_assert(std::size(kEventNames) == std::variant_size_v<Event>);
 
 template <class E>
@@ -216,6 +216,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     auto signal = std::type_identity<StopSignal>{};
     auto idle = std::type_identity<IdleTimeout>{};
     auto stalled = std::type_identity<SyncStalled>{};
+    auto window = std::type_identity<MaintenanceWindow>{};
     auto release = std::type_identity<Release>{};
     auto leftovers = std::type_identity<LeftoversGone>{};
     auto synced = std::type_identity<SyncDone>{};
@@ -345,6 +346,12 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
                {{"idle_s", std::chrono::duration<double>(e.idle).count()}});
          m.BeginStop(EndReason::kIdle, now, out);
        });
+    note(window, "remember when upcoming-maintenance's window says the trainer must stop (a trainer started later gets it)",
+         [](M& m, const MaintenanceWindow& e, SteadyTime, Out&) { m.window_stop_at_ = e.stop_at; });
+    on(In(S::kRunning), window,
+       "a terminating maintenance's window (`maintenance.scheduled`): sync now, stop at `maintenance-stop-before` the "
+       "window (at once if that is past); a cleared or moved window replaces the stop it had set",
+       [](M& m, const MaintenanceWindow& e, SteadyTime now, Out& out) { m.OnMaintenanceWindow(e, now, out); });
     on(In(S::kRunning), stalled,
        "sync-stall-action = stop (`sync.stalled` ERROR logged): SIGINT to the trainer's group → `stopping/SIGINT` "
        "(`sync-stalled`); on-exit runs",
@@ -711,6 +718,11 @@ void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
   trainer_started_ = now;
   trainer_ran_ = true;
   leader_exited_ = false;
+  if (window_stop_at_ && (!scheduled_stop_at_ || *window_stop_at_ < *scheduled_stop_at_)) {
+    scheduled_stop_at_ = window_stop_at_;
+    scheduled_reason_ = EndReason::kMaintenance;
+    scheduled_by_window_ = true;
+  }
   Transition(State::kRunning, now, fmt::format("trainer started as pid {}", e.pid));
 }
 
@@ -739,7 +751,36 @@ void StateMachine::NoteStopSignal(const StopSignal& e, SteadyTime now) {
       {{"signal", SignalName(e.signo)}, {"phase", PhaseName(phase())}});
 }
 
+void StateMachine::OnMaintenanceWindow(const MaintenanceWindow& e, SteadyTime now, std::vector<Action>& out) {
+  if (scheduled_by_window_) {
+    scheduled_stop_at_.reset();
+    scheduled_by_window_ = false;
+    deadline_ = DeadlineFor(State::kRunning, now);
+  }
+  if (!e.stop_at) return;
+  if (*e.stop_at <= now) {
+    BeginStop(EndReason::kMaintenance, now, out);
+    return;
+  }
+  auto before = scheduled_stop_at_;
+  ScheduleStop(EndReason::kMaintenance, std::chrono::duration_cast<std::chrono::milliseconds>(*e.stop_at - now), now, out);
+  scheduled_by_window_ = scheduled_stop_at_ != before;
+}
+
 void StateMachine::OnMaintenanceRunning(SteadyTime now, std::vector<Action>& out) {
+  if (options_.maintenance_stop_lead.count() == 0 && window_stop_at_ && *window_stop_at_ > now) {
+    // upcoming-maintenance said when the window opens: train until
+    // maintenance-stop-before it instead of stopping an hour early.
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*window_stop_at_ - now);
+    Log(Severity::kWarning, "maintenance.detected",
+        fmt::format("host maintenance will terminate this VM: stopping the trainer in {}, before the window "
+                    "upcoming-maintenance gave", FormatDuration(left)),
+        {{"value", "TERMINATE_ON_HOST_MAINTENANCE"}, {"stop_in_s", std::chrono::duration<double>(left).count()}});
+    auto before = scheduled_stop_at_;
+    ScheduleStop(EndReason::kMaintenance, left, now, out);
+    if (scheduled_stop_at_ != before) scheduled_by_window_ = true;
+    return;
+  }
   bool scheduled = options_.maintenance_stop_lead.count() > 0;
   Log(Severity::kWarning, "maintenance.detected",
       scheduled ? fmt::format("host maintenance will terminate this VM: syncing now, stopping the trainer in {}",

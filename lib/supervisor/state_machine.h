@@ -111,8 +111,12 @@ struct SyncDone {
 // sync-stall-action = stop: checkpoints have not reached the bucket for
 // twice sync-alert-after (the supervisor logged `sync.stalled` with the cause).
 struct SyncStalled {};
+// instance/upcoming-maintenance, reduced by the supervisor to when the
+// trainer must stop (windowStartTime - maintenance-stop-before) for a
+// maintenance that will terminate the VM; nullopt: nothing (any more).
+struct MaintenanceWindow { std::optional<SteadyTime> stop_at; };
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled, MaintenanceWindow>;
 
 // Actions.
 struct StartRestore {};
@@ -232,6 +236,7 @@ class StateMachine {
   void NotePreemption(SteadyTime now);
   void NoteStopSignal(const StopSignal& e, SteadyTime now);
   void OnMaintenanceRunning(SteadyTime now, std::vector<Action>& out);
+  void OnMaintenanceWindow(const MaintenanceWindow& e, SteadyTime now, std::vector<Action>& out);
   void OnOnExitDone(const OnExitDone& e, SteadyTime now, std::vector<Action>& out);
   void OnRunningDeadline(SteadyTime now, std::vector<Action>& out);
   void OnRestartDeadline(SteadyTime now, std::vector<Action>& out);
@@ -278,6 +283,8 @@ class StateMachine {
   SteadyTime restart_at_{};  // when restart-delay is over
   std::optional<SteadyTime> max_runtime_at_;
   std::optional<SteadyTime> scheduled_stop_at_;  // after a notice with a lead
+  std::optional<SteadyTime> window_stop_at_;     // from upcoming-maintenance's window
+  bool scheduled_by_window_ = false;             // scheduled_stop_at_ came from it
   EndReason scheduled_reason_ = EndReason::kMaintenance;
   bool on_exit_started_ = false;
   SteadyTime on_exit_deadline_{};  // the end of the whole on-exit budget

@@ -1164,3 +1164,69 @@ TEST_CASE("a stall outside the running state changes nothing (the run is ending,
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("upcoming-maintenance's window: sync now, stop at the window's stop time; cleared, the stop is cancelled") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SyncNow>(h.On(MaintenanceWindow{h.now + 2h})).kind == "maintenance");
+  CHECK(h.machine.deadline() == h.now + 2h);
+  // Moved later (rescheduled): the stop follows it.
+  h.On(MaintenanceWindow{h.now + 3h});
+  CHECK(h.machine.deadline() == h.now + 3h);
+  // Cleared: no stop any more.
+  CHECK(h.On(MaintenanceWindow{std::nullopt}).empty());
+  CHECK_FALSE(h.machine.deadline().has_value());
+  h.On(MaintenanceWindow{h.now + 1h});
+  CHECK(h.Advance(59min).empty());
+  CHECK(Only<SignalTrainer>(h.Advance(1min)).signo == SIGINT);
+  h.On(TrainerExited{100, 130, 0});
+  h.On(LeftoversGone{});
+  h.On(SyncDone{true});
+  CHECK(h.Last("run.end").fields["reason"] == "maintenance");
+}
+
+TEST_CASE("a window already past (or ONGOING) stops the trainer at once") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SignalTrainer>(h.On(MaintenanceWindow{h.now})).signo == SIGINT);
+  CHECK(h.machine.end_reason() == EndReason::kMaintenance);
+}
+
+TEST_CASE("with a known window, TERMINATE_ON_HOST_MAINTENANCE stops at the window, not an hour early") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  h.On(MaintenanceWindow{h.now + 55min});
+  auto a = h.On(MaintenanceNotice{"TERMINATE_ON_HOST_MAINTENANCE"});
+  CHECK(a.empty());  // the sync already ran when the window was announced
+  CHECK(h.machine.phase() == Phase::kRunning);
+  CHECK(h.machine.deadline() == h.now + 55min);
+  CHECK(h.Last("maintenance.detected").message.find("before the window") != std::string::npos);
+  // Without a window: at once, as before.
+  Harness h2(SyncOptions());
+  h2.On(StartEvent{});
+  h2.On(RestoreDone{});
+  h2.On(TrainerSpawned{100});
+  CHECK(Only<SignalTrainer>(h2.On(MaintenanceNotice{"TERMINATE_ON_HOST_MAINTENANCE"})).signo == SIGINT);
+}
+
+TEST_CASE("a window announced before the trainer starts is its stop time once it runs") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  CHECK(h.On(MaintenanceWindow{h.now + 30min}).empty());
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  CHECK(h.machine.deadline() == h.now + 30min);
+  CHECK(Only<SignalTrainer>(h.Advance(30min)).signo == SIGINT);
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -16,6 +16,7 @@
 #include "log/logger.h"
 #include "output/utf8.h"
 #include "process/proc.h"
+#include "metadata/upcoming_maintenance.h"
 #include "state/status_file.h"
 
 namespace spotvisor {
@@ -236,6 +237,68 @@ void Supervisor::NotifyPreempted() {
 
 void Supervisor::NotifyMaintenance(const std::string& value) {
   asio::post(io_, [this, value] { Dispatch(MaintenanceNotice{value}); });
+}
+
+void Supervisor::NotifyUpcomingMaintenance(const std::string& body) {
+  asio::post(io_, [this, body] { OnUpcomingMaintenance(body); });
+}
+
+void Supervisor::OnUpcomingMaintenance(const std::string& body) {
+  auto parsed = ParseUpcomingMaintenance(body);
+  if (!parsed.ok()) {
+    logger_.Warn("maintenance.unreadable", parsed.status().message() + "; ignored (maintenance-event is still watched)");
+    return;
+  }
+  if (!*parsed) {
+    if (!maintenance_known_) return;
+    maintenance_known_ = false;
+    logger_.Info("maintenance.cleared", "upcoming-maintenance: nothing is scheduled any more; a stop it had planned is cancelled");
+    Dispatch(MaintenanceWindow{std::nullopt});
+    return;
+  }
+  auto const& m = **parsed;
+  maintenance_known_ = true;
+  auto const& c = options_.config;
+  bool migrates = options_.on_host_maintenance == "MIGRATE";
+  std::optional<SteadyTime> stop_at;
+  std::string plan;
+  if (migrates) {
+    plan = "on-host-maintenance is MIGRATE: the VM is live-migrated, the trainer keeps running";
+  } else if (m.status == "ONGOING") {
+    stop_at = clock_.Now();
+    plan = "it is under way: stopping the trainer now";
+  } else if (m.window_start) {
+    auto stop_wall = *m.window_start - c.maintenance_stop_before;
+    stop_at = clock_.Now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(stop_wall - clock_.WallNow());
+    plan = stop_wall <= clock_.WallNow()
+               ? fmt::format("the window opens in less than maintenance-stop-before ({}): stopping the trainer now",
+                             FormatDuration(c.maintenance_stop_before))
+               : fmt::format("it will stop this VM: {}stopping the trainer at {} ({} before the window)",
+                             options_.sync ? "syncing now, " : "", FormatRfc3339(stop_wall),
+                             FormatDuration(c.maintenance_stop_before));
+  } else {
+    plan = "no window start given: the trainer is stopped when maintenance-event says TERMINATE_ON_HOST_MAINTENANCE";
+  }
+  std::string reasons;
+  for (auto const& r : m.reasons) reasons += (reasons.empty() ? "" : ", ") + output::EscapeInvalidUtf8(r);
+  nlohmann::json f = {{"type", m.type},
+                      {"status", m.status},
+                      {"window_start", m.window_start_text},
+                      {"window_end", m.window_end_text},
+                      {"latest_window_start", m.latest_window_start_text},
+                      {"reasons", m.reasons},
+                      {"on_host_maintenance", options_.on_host_maintenance}};
+  if (m.can_reschedule) f["can_reschedule"] = *m.can_reschedule;
+  if (stop_at) f["stop_in_s"] = std::max(0.0, std::chrono::duration<double>(*stop_at - clock_.Now()).count());
+  logger_.Log(LogEvent{Severity::kNotice, "maintenance.scheduled",
+                       fmt::format("host maintenance {}{} {}{}{}: {}", m.type.empty() ? "" : m.type + " ",
+                                   m.status.empty() ? "" : "(" + m.status + ")",
+                                   m.window_start_text.empty() ? "with no window given"
+                                                               : "from " + m.window_start_text + " to " + m.window_end_text,
+                                   reasons.empty() ? "" : ", reasons: " + reasons,
+                                   m.can_reschedule == true ? ", can be rescheduled" : "", plan),
+                       std::move(f)});
+  Dispatch(MaintenanceWindow{stop_at});
 }
 
 void Supervisor::Dispatch(const Event& e) {

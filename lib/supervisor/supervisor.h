@@ -39,6 +39,9 @@ struct SupervisorOptions {
   std::vector<std::string> base_env;  // environment the trainer starts from
   bool already_preempted = false;
   bool maintenance_terminate = false;
+  // instance/scheduling/on-host-maintenance at boot: MIGRATE means a
+  // maintenance does not stop the VM ("" unknown: assume it does).
+  std::string on_host_maintenance;
   std::string mode;  // "daemon" or "run", for the status file
   std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
   // on-exit stop | delete; null without a metadata server (then: poweroff).
@@ -74,6 +77,8 @@ class Supervisor {
   // Thread-safe: called from the metadata watcher threads.
   void NotifyPreempted();
   void NotifyMaintenance(const std::string& value);
+  // instance/upcoming-maintenance's answer ("" for nothing scheduled).
+  void NotifyUpcomingMaintenance(const std::string& body);
 
  private:
   class OutputPump;
@@ -141,6 +146,8 @@ class Supervisor {
   DurabilityTracker durability_;
   std::optional<UncommittedView> uncommitted_;
   std::optional<WallTime> uncommitted_as_of_;
+  void OnUpcomingMaintenance(const std::string& body);
+  bool maintenance_known_ = false;  // a maintenance.scheduled is in force
   bool stall_stop_pending_ = false;  // sync-stall-action = stop came while the trainer was restarting
   bool counting_ = false;  // a count of what is not committed is in flight
   LogEvent last_status_event_;  // what status.json's last_event says

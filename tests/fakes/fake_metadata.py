@@ -79,6 +79,11 @@ class FakeError(Exception):
         self.message = message
 
 
+UPCOMING_MAINTENANCE = "instance/upcoming-maintenance"
+NO_NOTIFICATIONS_BODY = ('{"error": "no notifications have been received yet, '
+                         'try again later"}')
+
+
 def _norm(path):
     """Control-API path: drop the /computeMetadata/v1/ prefix and slashes."""
     path = path or ""
@@ -210,6 +215,10 @@ class FakeMetadataServer:
         self._hung = {}
         self._conns = set()
         self._token_serial = 0
+        # How instance/upcoming-maintenance answers while it is not set:
+        # "404" (not defined) or "503" (Google's sapagent has seen 503 with
+        # a "no notifications" body). set(..., "NONE") is the third form.
+        self._no_maintenance = "404"
         self._stopping = False
         self._listener = None
         self._serve_thread = None
@@ -306,6 +315,14 @@ class FakeMetadataServer:
                 return None
             node = node[p]
         return node
+
+    def set_no_maintenance_answer(self, style):
+        """What instance/upcoming-maintenance answers while it is not set:
+        "404" (the default) or "503" with the body sapagent treats as "none"."""
+        if style not in ("404", "503"):
+            raise FakeError(400, "style must be '404' or '503'")
+        with self._lock:
+            self._no_maintenance = style
 
     def set(self, path, value):
         """Set a leaf (creating directories on the way). Returns its state."""
@@ -934,6 +951,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
         with fake._lock:
             node = fake._lookup(parts)
+            no_maintenance = fake._no_maintenance
+        if (node is None and "/".join(parts) == UPCOMING_MAINTENANCE
+                and no_maintenance == "503"):
+            self._reply(503, NO_NOTIFICATIONS_BODY, "application/json",
+                        entry=entry)
+            return
         if node is None or (trailing and parts and not isinstance(node, dict)):
             self._reply(404, "fake-metadata: not found\n", entry=entry)
             return

@@ -294,6 +294,34 @@ class LongPollTests(FakeTestCase):
         self.assertEqual({g().text for g in gets}, {"TRUE"})
 
 
+class UpcomingMaintenanceTests(FakeTestCase):
+    """The three ways a server says nothing is scheduled, then a window."""
+
+    PATH = "instance/upcoming-maintenance"
+
+    def test_nothing_scheduled_in_each_form_then_a_window(self):
+        r = self.request(self.PATH + "?alt=json")
+        self.assertEqual(r.status, 404)
+        self.srv.set_no_maintenance_answer("503")
+        r = self.request(self.PATH + "?alt=json&wait_for_change=true&last_etag=0")
+        self.assertEqual(r.status, 503)
+        self.assertEqual(r.headers["metadata-flavor"], "Google")
+        self.assertIn("no notifications have been received yet", r.text)
+        self.srv.set(self.PATH, "NONE")
+        self.assertEqual(self.request(self.PATH).text, "NONE")
+        window = json.dumps({"type": "SCHEDULED", "maintenanceStatus": "PENDING",
+                             "windowStartTime": "2026-11-25T10:00:00Z"})
+        get = self.in_thread(self.request, self.PATH + "?alt=json&wait_for_change=true")
+        self.assertTrue(self.srv.wait_for_waiters(self.PATH, 1))
+        self.srv.set(self.PATH, window)
+        got = get()
+        self.assertEqual(got.status, 200)
+        # A leaf asked for with alt=json comes back as a JSON string.
+        self.assertEqual(json.loads(json.loads(got.text)), json.loads(window))
+        with self.assertRaises(Exception):
+            self.srv.set_no_maintenance_answer("500")
+
+
 class FaultTests(FakeTestCase):
     def test_status_with_count_and_prefix(self):
         self.srv.fault("status", code=503, count=2, path_prefix="instance/")
