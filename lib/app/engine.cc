@@ -23,6 +23,7 @@
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
 #include "log/journald_sink.h"
+#include "metadata/scheduling.h"
 #include "metadata/upcoming_maintenance.h"
 #include "metadata/watcher.h"
 #include "mount/guarded_store.h"
@@ -65,6 +66,7 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
   }
   if (auto p = client.Get("instance/scheduling/preemptible"); p.ok()) m.preemptible = p->value;
   if (auto p = client.Get("instance/scheduling/on-host-maintenance"); p.ok()) m.on_host_maintenance = std::string(Trim(p->value));
+  if (auto s = client.GetAttributes("instance/scheduling/"); s.ok()) m.scheduling = *std::move(s);
   if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
   if (auto id = client.Get("instance/id"); id.ok()) m.instance_id = id->value;
   if (auto z = client.Get("instance/zone"); z.ok()) m.zone = z->value.substr(z->value.rfind('/') + 1);
@@ -234,6 +236,49 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
     so.owner_gid = u->gid;
   }
   return std::make_shared<SyncEngine>(std::move(store), std::move(so), clock);
+}
+
+// GCE's own limits on this VM, where instance/scheduling/ gives them: a
+// preemption notice lengthens the final sync's window (unless
+// preemption-notice is set); --max-run-duration / --termination-time end the
+// VM without a graceful stop, so max-runtime must come first.
+void WarnAboutGceLimits(const MetadataSnapshot& metadata, Config& config, const Clock& clock, Logger& logger) {
+  auto limits = ReadGceLimits(metadata.scheduling);
+  nlohmann::json f = nlohmann::json::object();
+  std::vector<std::string> said;
+  if (limits.preemption_notice) {
+    f["preemption_notice_s"] = std::chrono::duration<double>(*limits.preemption_notice).count();
+    said.push_back("preemption notice " + FormatDuration(*limits.preemption_notice));
+    if (config.preemption_notice.count() == 0 && config.preemption_stop_lead <= *limits.preemption_notice) {
+      config.preemption_notice = *limits.preemption_notice;
+    }
+  }
+  std::string source;
+  if (limits.max_run_duration) {
+    f["max_run_duration_s"] = std::chrono::duration<double>(*limits.max_run_duration).count();
+    source = "--max-run-duration " + FormatDuration(*limits.max_run_duration) + " from its start";
+    said.push_back("max run duration " + FormatDuration(*limits.max_run_duration));
+  }
+  if (limits.termination_time) {
+    f["termination_time"] = limits.termination_time_text;
+    if (!source.empty()) source += ", ";
+    source += "--termination-time " + limits.termination_time_text;
+    said.push_back("termination time " + limits.termination_time_text);
+  }
+  if (said.empty()) return;
+  std::string list;
+  for (auto const& s : said) list += (list.empty() ? "" : "; ") + s;
+  logger.Info("scheduling.limits", "GCE's limits on this VM (instance/scheduling/): " + list, f);
+  timespec up{};
+  if (clock_gettime(CLOCK_BOOTTIME, &up) != 0) return;
+  // The VM started when this kernel booted (a stopped VM that is started again boots again).
+  auto booted = clock.WallNow() - std::chrono::seconds(up.tv_sec) - std::chrono::nanoseconds(up.tv_nsec);
+  auto end = GceEnd(limits, std::chrono::time_point_cast<WallTime::duration>(booted));
+  if (!end) return;
+  auto budget = config.stop_timeout + config.kill_timeout + std::chrono::minutes(5);
+  if (auto w = GceLimitWarning(*end, clock.WallNow(), config.max_runtime, budget, source); !w.empty()) {
+    logger.Warn("config.warning", w);
+  }
 }
 
 // Seed 002's trap: the default storage scope is read-only, so a bucket
@@ -441,6 +486,7 @@ int RunEngine(const EngineOptions& options) {
                 "spotvisor-max-runtime (e.g. 23h30m) so the trainer is stopped and its checkpoint synced before that");
   }
   for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
+  WarnAboutGceLimits(metadata, config, clock, logger);
 
   SupervisorOptions so;
   so.config = config;

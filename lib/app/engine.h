@@ -35,6 +35,7 @@ struct MetadataSnapshot {
   MetadataValue preempted, maintenance;
   std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on legacy preemptible VMs
   std::string on_host_maintenance;  // instance/scheduling/on-host-maintenance: TERMINATE or MIGRATE ("" unknown)
+  std::map<std::string, std::string> scheduling;  // instance/scheduling/?recursive=true (GCE's own limits, if given)
   std::string project_id, zone;  // zone: the last segment of instance/zone
   std::string instance_id;
   bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE

@@ -375,7 +375,14 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   c.max_runtime = res.Duration("max-runtime", c.max_runtime);
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);
   c.maintenance_stop_before = res.Duration("maintenance-stop-before", c.maintenance_stop_before);
+  c.preemption_notice = res.Duration("preemption-notice", c.preemption_notice);
   c.preemption_stop_lead = res.Duration("preemption-stop-lead", c.preemption_stop_lead);
+  if (c.preemption_notice.count() > 0 && c.preemption_stop_lead > c.preemption_notice) {
+    res.Error("preemption-stop-lead",
+              fmt::format("{} is longer than preemption-notice ({}): the power button would come before the trainer is "
+                          "asked to stop",
+                          FormatDuration(c.preemption_stop_lead), FormatDuration(c.preemption_notice)));
+  }
   c.preemption_window = res.Duration("preemption-window", c.preemption_window);
   c.on_exit_timeout = res.Duration("on-exit-timeout", c.on_exit_timeout);
   if (c.on_exit_timeout < std::chrono::seconds(4)) res.Error("on-exit-timeout", "must be at least 4s");

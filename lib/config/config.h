@@ -78,6 +78,7 @@ struct Config {
   std::chrono::milliseconds max_runtime{0};  // 0: none
   std::chrono::milliseconds maintenance_stop_lead{0};
   std::chrono::milliseconds maintenance_stop_before{300'000};
+  std::chrono::milliseconds preemption_notice{0};  // 0: none known
   std::chrono::milliseconds preemption_stop_lead{0};
   std::chrono::milliseconds preemption_window{30'000};
   std::chrono::milliseconds on_exit_timeout{60'000};

@@ -397,3 +397,22 @@ TEST_CASE("with a bucket the trainer is told where committed.json is") {
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("preemption-notice: a stop lead longer than the notice is an error") {
+  auto in = Base();
+  in.instance_attributes["spotvisor-preemption-notice"] = "120s";
+  in.instance_attributes["spotvisor-preemption-stop-lead"] = "60s";
+  auto r = ResolveConfig(in);
+  REQUIRE(r.config);
+  CHECK(r.config->preemption_notice == 120s);
+  in.instance_attributes["spotvisor-preemption-stop-lead"] = "150s";
+  r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find("longer than preemption-notice (2m)") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -39,6 +39,9 @@ const std::vector<KeySpec>& AllKeys() {
        "End the run after this long with no activity by the trainer's process tree (0: never); for interactive servers"},
       {"idle-threshold", "5",
        "Percent of one CPU core (or of a GPU) above which the trainer counts as active (1-100)"},
+      {"preemption-notice", "0s",
+       "The VM's --preemption-notice-duration (e.g. 120s): preempted=TRUE comes that long before the power button, so "
+       "the final sync after a preemption has that much more time (0: none, or what the metadata server says)"},
       {"preemption-stop-lead", "0s",
        "For VMs created with --preemption-notice-duration: on preemption, sync at once and stop the trainer this much "
        "later (0: right away)"},

@@ -96,7 +96,8 @@ std::optional<WallTime> ParseRfc3339(std::string_view t) {
     return std::nullopt;
   }
   int year = num(0, 4), mon = num(5, 2), day = num(8, 2), hour = num(11, 2), min = num(14, 2), sec = num(17, 2);
-  if (year < 1970 || mon < 1 || mon > 12 || day < 1 || day > 31 || hour < 0 || hour > 23 || min < 0 || min > 59 ||
+  // Past 2262 nanoseconds since 1970 overflow 64 bits (found by fuzz_upcoming_maintenance).
+  if (year < 1970 || year > 2200 || mon < 1 || mon > 12 || day < 1 || day > 31 || hour < 0 || hour > 23 || min < 0 || min > 59 ||
       sec < 0 || sec > 60) {
     return std::nullopt;
   }

@@ -45,7 +45,8 @@ std::unique_ptr<LogSink> MakeTextSink(std::FILE* out);
 
 std::string FormatRfc3339(WallTime t);
 // "2026-11-24T22:44:01.123Z" or with a "+01:00" offset (what FormatRfc3339,
-// Cloud Storage and the metadata server write); nullopt for anything else.
+// Cloud Storage and the metadata server write), years 1970-2200; nullopt for
+// anything else.
 // Text from outside: every field is checked.
 std::optional<WallTime> ParseRfc3339(std::string_view text);
 

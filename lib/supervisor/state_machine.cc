@@ -729,15 +729,20 @@ void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
 void StateMachine::NotePreemption(SteadyTime now) {
   preempted_ = true;
   bool lead = state_ == State::kRunning && options_.preemption_stop_lead.count() > 0;
-  // With a preemption notice the power button comes `lead` later; a SIGTERM
-  // seen first was the button itself.
-  auto button = now + (options_.preemption_stop_lead.count() > 0 ? options_.preemption_stop_lead : std::chrono::milliseconds(0));
+  // With a preemption notice the power button comes that much later (without
+  // a known notice, a stop lead implies one at least as long); a SIGTERM seen
+  // first was the button itself.
+  auto notice = options_.preemption_notice.count() > 0 ? options_.preemption_notice : options_.preemption_stop_lead;
+  auto button = now + notice;
   if (!power_button_at_ || button < *power_button_at_) power_button_at_ = button;
+  std::string when = notice.count() > 0 ? fmt::format(" (the power button comes in {})", FormatDuration(notice)) : "";
+  nlohmann::json f = {{"phase", PhaseName(phase())}};
+  if (notice.count() > 0) f["notice_s"] = std::chrono::duration<double>(notice).count();
   Log(Severity::kWarning, "preemption.detected",
-      lead ? fmt::format("instance/preempted is TRUE: syncing now, stopping the trainer in {} (preemption-stop-lead)",
+      lead ? fmt::format("instance/preempted is TRUE{}: syncing now, stopping the trainer in {} (preemption-stop-lead)", when,
                          FormatDuration(options_.preemption_stop_lead))
-           : std::string("instance/preempted is TRUE: the VM is being preempted"),
-      {{"phase", PhaseName(phase())}});
+           : fmt::format("instance/preempted is TRUE: the VM is being preempted{}", when),
+      std::move(f));
 }
 
 void StateMachine::NoteStopSignal(const StopSignal& e, SteadyTime now) {

@@ -179,6 +179,9 @@ struct StateMachineOptions {
   // A VM created with --preemption-notice-duration sees preempted=TRUE that
   // long before the power button: sync at once, stop the trainer this much later.
   std::chrono::milliseconds preemption_stop_lead{0};
+  // The VM's --preemption-notice-duration: the power button comes this long
+  // after preempted=TRUE (0: unknown; then preemption_stop_lead is taken as it).
+  std::chrono::milliseconds preemption_notice{0};
   std::chrono::milliseconds on_failure_hold{0};  // 0: no hold
   // Mounts (issue #4): before restore, undone before on-exit.
   bool mounts = false;

@@ -1230,3 +1230,46 @@ TEST_CASE("a window announced before the trainer starts is its stop time once it
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("with a preemption notice, SIGINT still goes out at once, and the final sync has the notice plus the window") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.preemption_notice = 120s;
+  o.final_sync_timeout = 10min;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SignalTrainer>(h.On(PreemptionNotice{})).signo == SIGINT);
+  CHECK(h.Last("preemption.detected").fields["notice_s"] == 120.0);
+  h.now += 15s;  // a long save
+  h.On(TrainerExited{100, 0, 0});
+  auto a = h.On(LeftoversGone{});
+  auto const& f = Only<StartFinalSync>(a);
+  CHECK(f.urgent);
+  CHECK(f.deadline - h.now == 132s);  // 120 s notice + 30 s window - 3 s margin - 15 s gone
+}
+
+TEST_CASE("a stop lead within the notice: the trainer stops at the lead, the sync window still ends at the notice") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.preemption_notice = 120s;
+  o.preemption_stop_lead = 60s;
+  o.final_sync_timeout = 10min;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SyncNow>(h.On(PreemptionNotice{})).kind == "preemption");
+  CHECK(Only<SignalTrainer>(h.Advance(60s)).signo == SIGINT);
+  h.now += 5s;
+  h.On(TrainerExited{100, 0, 0});
+  auto a = h.On(LeftoversGone{});
+  CHECK(Only<StartFinalSync>(a).deadline - h.now == 82s);  // 150 - 3 - 65
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -135,6 +135,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.max_runtime = c.max_runtime;
   o.maintenance_stop_lead = c.maintenance_stop_lead;
   o.preemption_stop_lead = c.preemption_stop_lead;
+  o.preemption_notice = c.preemption_notice;
   o.preemption_window = c.preemption_window;
   o.on_failure_hold = c.on_failure_hold;
   o.mounts = HasMounts(c);
