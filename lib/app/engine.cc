@@ -200,6 +200,9 @@ std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bu
   o.make_backoff = [] {
     return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
   };
+  // What `gcloud storage ls -L` shows: JSON for the manifest and DONE, the
+  // trainer's own path on each checkpoint object.
+  o.describe = DescribeRunObject;
   std::unique_ptr<TokenProvider> tokens =
       auth ? std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock))
            : MakeNoAuthTokenProvider();

@@ -392,9 +392,21 @@ class GcsObjectStore final : public ObjectStore {
     return local;
   }
 
+  // The object resource sent with an upload: its name, and what
+  // GcsOptions::describe says about it.
+  Json Describe(const std::string& name) const {
+    Json meta = {{"name", FullName(name)}};
+    if (!o_.describe) return meta;
+    auto d = o_.describe(name);
+    if (!d.content_type.empty()) meta["contentType"] = d.content_type;
+    if (!d.metadata.empty()) meta["metadata"] = d.metadata;
+    return meta;
+  }
+
   StatusOr<ObjectInfo> Multipart(const std::string& name, const std::string& data, std::uint32_t crc,
                                  const Precondition& pre, const CallContext& ctx) {
-    Json meta = {{"name", FullName(name)}, {"crc32c", Crc32cToBase64(crc)}};
+    Json meta = Describe(name);
+    meta["crc32c"] = Crc32cToBase64(crc);
     std::string boundary;
     std::mt19937_64 rng(RandomSeed());
     do {
@@ -436,7 +448,7 @@ class GcsObjectStore final : public ObjectStore {
                                              Query(pre, '&')));
       req.headers = {{"Content-Type", "application/json; charset=UTF-8"},
                      {"X-Upload-Content-Length", std::to_string(size)}};
-      req.body = Json{{"name", FullName(name)}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+      req.body = Describe(name).dump(-1, ' ', false, Json::error_handler_t::replace);
       auto r = Perform(std::move(req), ctx);
       if (!r.ok()) return r.status();
       if (r->status != 200 && r->status != 201) return HttpError(*r, "starting upload of " + Url(name), BucketUrl());

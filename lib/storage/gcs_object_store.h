@@ -35,6 +35,9 @@ struct GcsOptions {
   std::function<std::unique_ptr<RetryPolicy>()> make_retry;
   std::function<std::unique_ptr<BackoffPolicy>()> make_backoff;
   Sleeper* sleeper = nullptr;
+  // Content type and custom metadata for each object written, by its name
+  // (relative to the prefix); null: none.
+  std::function<ObjectDescription(const std::string& name)> describe;
 };
 
 // The endpoint to use: STORAGE_EMULATOR_HOST (with or without a scheme)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,6 +20,14 @@ struct ObjectInfo {
   std::int64_t generation = 0;
   std::uint64_t size = 0;
   std::uint32_t crc32c = 0;
+};
+
+// What a person listing the bucket should see about an object (`gcloud
+// storage ls -L`): its content type and custom metadata. Stores that cannot
+// hold it ignore it.
+struct ObjectDescription {
+  std::string content_type;                    // empty: the store's default
+  std::map<std::string, std::string> metadata; // custom metadata
 };
 
 struct Precondition {

@@ -96,4 +96,22 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& wha
   return out;
 }
 
+ObjectDescription DescribeRunObject(const std::string& name) {
+  ObjectDescription d;
+  if (name == "manifest.json" || name == "DONE") {
+    d.content_type = "application/json";
+    return d;
+  }
+  std::string_view objects = kObjectsDir;
+  if (name.compare(0, objects.size(), objects) != 0) return d;
+  d.content_type = "application/octet-stream";
+  auto rest = std::string_view(name).substr(objects.size());
+  auto tilde = rest.rfind('~');
+  if (tilde == std::string_view::npos) return d;
+  d.metadata["spotvisor-path"] = std::string(rest.substr(0, tilde));
+  auto seq = rest.substr(tilde + 1);
+  d.metadata["spotvisor-sequence"] = std::string(seq.substr(0, seq.find('.')));
+  return d;
+}
+
 }  // namespace spotvisor

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "storage/object_store.h"
 
 namespace spotvisor {
 
@@ -46,6 +47,12 @@ struct Manifest {
   std::string instance, committed_at;
   bool marker = false;
 };
+
+// What the bucket shows for an object of a run (GcsOptions::describe):
+// manifest.json and DONE are application/json; a checkpoint object
+// (checkpoints/PATH~SEQ.NONCE) carries the trainer's path and the sync that
+// uploaded it as custom metadata (spotvisor-path, spotvisor-sequence).
+ObjectDescription DescribeRunObject(const std::string& name);
 
 // `what` names the source in messages; `checkpoint_dir` is where paths would
 // be restored (a path escaping it is kPermissionDenied).

@@ -1247,3 +1247,20 @@ TEST_CASE("Committed() and committed.json say what the bucket holds; Uncommitted
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("what the bucket shows: JSON for the manifest and DONE, the trainer's path on each checkpoint object") {
+  CHECK(DescribeRunObject("manifest.json").content_type == "application/json");
+  CHECK(DescribeRunObject("DONE").content_type == "application/json");
+  auto d = DescribeRunObject("checkpoints/checkpoint-500/model~a.safetensors~12.0123abcd");
+  CHECK(d.content_type == "application/octet-stream");
+  CHECK(d.metadata == std::map<std::string, std::string>{{"spotvisor-path", "checkpoint-500/model~a.safetensors"},
+                                                         {"spotvisor-sequence", "12"}});
+  CHECK(DescribeRunObject("something-else").metadata.empty());
+  CHECK(DescribeRunObject("checkpoints/no-tilde").metadata.empty());
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -208,6 +208,23 @@ class GcsSyncTest(FileSyncTest):
     def put_object(self, name, data):
         self.gcs.put_object(self.BUCKET, self.PREFIX + name, data)
 
+    def test_objects_say_what_they_are_to_someone_listing_the_bucket(self):
+        os.makedirs(self.path("ckpt/checkpoint-5"))
+        with open(self.path("ckpt/checkpoint-5/model.bin"), "wb") as f:
+            f.write(b"m" * 1000)
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(os.urandom(9 * 1024 * 1024))  # past the multipart limit: a resumable upload
+        p = self.vm(["--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0)
+        objects = {o["name"][len(self.PREFIX):]: o for o in self.gcs.objects(self.BUCKET, self.PREFIX)}
+        self.assertEqual(objects["manifest.json"]["contentType"], "application/json")
+        self.assertEqual(objects["DONE"]["contentType"], "application/json")
+        by_path = {o.get("metadata", {}).get("spotvisor-path"): o for n, o in objects.items() if n.startswith("checkpoints/")}
+        self.assertEqual(set(by_path), {"checkpoint-5/model.bin", "big.bin"})
+        for o in by_path.values():
+            self.assertEqual(o["contentType"], "application/octet-stream")
+            self.assertEqual(o["metadata"]["spotvisor-sequence"], str(self.manifest()["sequence"]))
+
     def test_large_files_go_up_in_resumable_chunks_and_come_back_identical(self):
         os.makedirs(self.path("ckpt"))
         big = os.urandom(40 * 1024 * 1024 + 12345)  # 3 chunks of 16 MiB, the last one short
