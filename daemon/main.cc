@@ -1,13 +1,17 @@
 // The spotvisor command line: argument parsing and help only; everything it
 // does lives in lib/.
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "app/engine.h"
+#include "app/runs_command.h"
 #include "app/status_command.h"
 #include "common/duration.h"
 #include "config/config_file.h"
@@ -41,6 +45,10 @@ const char* const kUsage =
     "                                        end an on-failure-hold now\n"
     "  spotvisor checkpoint --done [--dir DIR]\n"
     "                                        (from the trainer) the checkpoint is complete\n"
+    "  spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL] gs://BUCKET/PREFIX\n"
+    "                                        (on a laptop) list the runs under a prefix\n"
+    "  spotvisor pull [--sequence N] [--access-token-command CMD] gs://BUCKET/PREFIX/RUN_ID [DIR]\n"
+    "                                        (on a laptop) download a run's newest checkpoint\n"
     "  spotvisor version\n"
     "\n"
     "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
@@ -124,6 +132,30 @@ const std::map<std::string, std::string> kHelp = {
      "ticks of up to 10 ms, and a marker as new as a file does not order them; this command waits\n"
      "for the tick itself).\n"
      "Exit status: 0 marked, 1 the marker could not be written, 64 usage.\n"},
+    {"runs",
+     "Usage: spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL] gs://BUCKET[/PREFIX]\n"
+     "\n"
+     "Lists the runs under the prefix (the value of `bucket` the VMs used): run id, state (done,\n"
+     "running, or how it ended: preempted, failed, stopped, max-runtime, ...; unknown for runs\n"
+     "written before status.json existed), exit code, newest commit and its time, size of its\n"
+     "objects, and the instance that committed it. Only reads the bucket. file:///PATH works too.\n"
+     "Credentials: --access-token-command (e.g. \"gcloud auth print-access-token\"), else\n"
+     "Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, else gcloud's\n"
+     "application_default_credentials.json; authorized_user only for now), else the metadata\n"
+     "server on a VM. --storage-endpoint URL: a private Cloud Storage endpoint (the config key\n"
+     "storage-endpoint); STORAGE_EMULATOR_HOST wins over it and turns authentication off.\n"
+     "Tokens are never printed.\n"
+     "Exit status: 0 listed, 1 the bucket could not be read, 64 usage.\n"},
+    {"pull",
+     "Usage: spotvisor pull [--sequence N] [--access-token-command CMD] [--storage-endpoint URL]\n"
+     "                      gs://BUCKET[/PREFIX]/RUN_ID [DIR]\n"
+     "\n"
+     "Downloads the run's newest committed checkpoint into DIR (default ./RUN_ID) under the\n"
+     "trainer's own file names: in parallel, each file checked against the manifest's crc32c;\n"
+     "files already there with the right size and crc32c are kept, so an interrupted pull goes\n"
+     "on where it stopped. --sequence N: only that commit (the bucket keeps a run's newest commit\n"
+     "only; an older one is an error saying so). Only reads the bucket. Credentials as for\n"
+     "`spotvisor runs`. Exit status: 0 pulled, 1 failed (files pulled so far stay), 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -136,6 +168,9 @@ struct Args {
   std::chrono::milliseconds timeout{600'000};
   bool done = false;
   std::string dir;
+  std::vector<std::string> positional;  // runs, pull
+  spotvisor::RemoteOptions remote;
+  std::optional<std::int64_t> sequence;
 };
 
 int Usage(const std::string& problem) {
@@ -167,6 +202,8 @@ int Parse(int argc, char** argv, Args& a) {
         {"sync", {"--config", "--state-dir", "--timeout"}},
         {"release", {"--config", "--state-dir"}},
         {"checkpoint", {"--done", "--dir"}},
+        {"runs", {"--json", "--access-token-command", "--storage-endpoint"}},
+        {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -177,6 +214,10 @@ int Parse(int argc, char** argv, Args& a) {
     if (arg == "--help" || arg == "-h") {
       std::fputs(kHelp.at(a.command).c_str(), stdout);
       return 0;
+    }
+    if ((a.command == "runs" || a.command == "pull") && arg.rfind("-", 0) != 0) {
+      a.positional.push_back(arg);
+      continue;
     }
     std::string value;
     auto eq = arg.find('=');
@@ -213,6 +254,16 @@ int Parse(int argc, char** argv, Args& a) {
       a.state_dir = value;
     } else if (flag == "--dir") {
       a.dir = value;
+    } else if (flag == "--access-token-command") {
+      a.remote.access_token_command = value;
+    } else if (flag == "--storage-endpoint") {
+      a.remote.storage_endpoint = value;
+    } else if (flag == "--sequence") {
+      char* end = nullptr;
+      errno = 0;
+      long long n = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno != 0 || n < 1) return Usage("--sequence: \"" + value + "\" is not a commit number (1, 2, ...)");
+      a.sequence = n;
     } else if (flag == "--timeout") {
       auto d = spotvisor::ParseDuration(value);
       if (!d.ok()) return Usage("--timeout: " + d.status().message());
@@ -254,6 +305,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (a.command == "status") return spotvisor::PrintStatus(StateDir(a), a.json);
+  if (a.command == "runs") {
+    if (a.positional.size() != 1) return Usage("spotvisor runs: give one gs://BUCKET[/PREFIX]");
+    return spotvisor::ListRuns(a.positional[0], a.remote, a.json);
+  }
+  if (a.command == "pull") {
+    if (a.positional.empty() || a.positional.size() > 2) return Usage("spotvisor pull: give gs://BUCKET[/PREFIX]/RUN_ID [DIR]");
+    return spotvisor::PullRun(a.positional[0], a.positional.size() > 1 ? a.positional[1] : "", a.sequence, a.remote);
+  }
   if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);
   if (a.command == "release") return spotvisor::RequestRelease(StateDir(a));
   if (a.command == "checkpoint") {

@@ -497,6 +497,7 @@ int RunEngine(const EngineOptions& options) {
   so.already_preempted = metadata.preempted.value == "TRUE";
   so.maintenance_terminate = metadata.maintenance.value == "TERMINATE_ON_HOST_MAINTENANCE";
   so.on_host_maintenance = metadata.on_host_maintenance;
+  so.instance = metadata.instance_name;
   if (auto u = LookupUser(config.user); u.ok() && u->uid != geteuid()) so.user = *u;
   so.base_env = BaseEnv(so.user);
   if (!config.bucket.empty()) {

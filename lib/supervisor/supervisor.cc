@@ -18,6 +18,7 @@
 #include "process/proc.h"
 #include "metadata/upcoming_maintenance.h"
 #include "state/status_file.h"
+#include "sync/manifest.h"
 
 namespace spotvisor {
 
@@ -460,6 +461,7 @@ void Supervisor::StartRestore() {
         durability_.CaughtUp(clock_.Now(), clock_.WallNow());
         ArmStallTimer();
         ArmReportTimer();
+        PublishRunStatus({{"state", "running"}});
       }
       if (r->done) {
         logger_.Log(LogEvent{Severity::kNotice, "run.already_done",
@@ -543,6 +545,31 @@ void Supervisor::CountUncommitted(std::function<void()> then) {
         logger_.Warn("checkpoint.count_failed", "cannot count what is not committed yet: " + u.status().message());
       }
       then();
+    });
+  });
+}
+
+nlohmann::json Supervisor::RunStatusJson(nlohmann::json fields) const {
+  fields["run_id"] = options_.config.run_id;
+  fields["time"] = FormatRfc3339(clock_.WallNow());
+  if (!options_.instance.empty()) fields["instance"] = options_.instance;
+  return fields;
+}
+
+void Supervisor::PublishRunStatus(nlohmann::json fields) {
+  auto engine = options_.sync;
+  auto status = RunStatusJson(std::move(fields));
+  CallContext ctx;
+  ctx.clock = &clock_;
+  ctx.cancel = NewWork();
+  ctx.deadline = clock_.Now() + std::chrono::seconds(60);
+  pool_.Post([this, engine, status, ctx] {
+    auto s = engine->PublishRunStatus(status, ctx);
+    if (s.ok() || s.code() == StatusCode::kFailedPrecondition) return;  // fenced: said elsewhere
+    asio::post(io_, [this, s] {
+      logger_.Warn("run.status_not_published",
+                   fmt::format("could not write {}/{} (what `spotvisor runs` shows; the run goes on): {}",
+                               options_.sync->Describe(), kRunStatus, s.message()));
     });
   });
 }
@@ -666,11 +693,20 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   if (final || kind == "restart") mode = exit_code == 0 ? SyncKind::kCompleted : SyncKind::kStopped;
   SyncOutcome outcome{clock_.Now(), clock_.WallNow(), std::nullopt};
   durability_.SyncInFlight(outcome.started);
-  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome]() mutable {
+  // How the run ended, for `spotvisor runs` (status.json in the run's
+  // directory), written after the final sync within its deadline.
+  nlohmann::json ended;
+  if (final && machine_.end_reason()) {
+    ended = RunStatusJson({{"state", "ended"}, {"reason", EndReasonName(*machine_.end_reason())}, {"exit_code", exit_code}});
+  }
+  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome, ended]() mutable {
     auto r = engine->Sync(mode, ctx);
     Status done;
     if (r.ok() && !r->deferred && write_done) done = engine->WriteDone(exit_code, ctx);
     if (r.ok() && r->deferred && write_done) done = FailedPreconditionError("nothing was committed");
+    // Informational: only after a sync that worked (the bucket answers), and
+    // never holding on-exit up for long.
+    if (!ended.is_null() && r.ok()) engine->PublishRunStatus(ended, ctx.WithDeadline(clock_.Now() + std::chrono::seconds(10)));
     // What is still at risk, for sync.complete and status (a scan, no I/O
     // to the bucket). Not after the final sync: nothing will read it.
     if (!final) {

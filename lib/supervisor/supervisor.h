@@ -42,6 +42,7 @@ struct SupervisorOptions {
   // instance/scheduling/on-host-maintenance at boot: MIGRATE means a
   // maintenance does not stop the VM ("" unknown: assume it does).
   std::string on_host_maintenance;
+  std::string instance;  // this VM's name (status.json in the bucket)
   std::string mode;  // "daemon" or "run", for the status file
   std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
   // on-exit stop | delete; null without a metadata server (then: poweroff).
@@ -147,6 +148,9 @@ class Supervisor {
   std::optional<UncommittedView> uncommitted_;
   std::optional<WallTime> uncommitted_as_of_;
   void OnUpcomingMaintenance(const std::string& body);
+  // status.json in the run's directory, for `spotvisor runs`.
+  nlohmann::json RunStatusJson(nlohmann::json fields) const;
+  void PublishRunStatus(nlohmann::json fields);
   bool maintenance_known_ = false;  // a maintenance.scheduled is in force
   bool stall_stop_pending_ = false;  // sync-stall-action = stop came while the trainer was restarting
   bool counting_ = false;  // a count of what is not committed is in flight

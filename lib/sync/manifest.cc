@@ -98,7 +98,7 @@ StatusOr<Manifest> ParseManifest(const std::string& text, const std::string& wha
 
 ObjectDescription DescribeRunObject(const std::string& name) {
   ObjectDescription d;
-  if (name == "manifest.json" || name == "DONE") {
+  if (name == kManifestObject || name == kDoneObject || name == kRunStatus) {
     d.content_type = "application/json";
     return d;
   }

@@ -16,6 +16,12 @@
 namespace spotvisor {
 
 inline constexpr char kObjectsDir[] = "checkpoints/";
+inline constexpr char kManifestObject[] = "manifest.json";
+inline constexpr char kDoneObject[] = "DONE";
+// What the run's VM says about it, for `spotvisor runs`: running since when,
+// or how it ended. Informational: written without a precondition (a VM that
+// another VM fenced off does not write it), never read by a restore.
+inline constexpr char kRunStatus[] = "status.json";
 inline constexpr char kRestoreTmp[] = ".spotvisor-restore.";
 // The completion marker: a trainer touches CHECKPOINT_DIR/.spotvisor-complete
 // after it has written a whole checkpoint (`spotvisor checkpoint --done` does

@@ -29,8 +29,9 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-constexpr char kManifest[] = "manifest.json";
-constexpr char kDone[] = "DONE";
+constexpr const char* kManifest = kManifestObject;
+constexpr const char* kDone = kDoneObject;
+
 // GCS allows 1024 bytes for a whole object name; this leaves room for the
 // bucket prefix, the run-id, "checkpoints/" and "~SEQ.NONCE".
 constexpr std::size_t kMaxRelPath = 900;
@@ -722,8 +723,30 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     }
   }
 
-  std::mutex stats_mu;
   FileMap restored;
+  auto s = DownloadCommit(*m, restored, stats, ctx);
+  if (!s.ok()) return s;
+  if (m->marker) {
+    // The commit was complete by the trainer's own word: say so again, after
+    // every file, so the restored tree counts as complete.
+    if (auto mk = MarkCheckpointComplete(o_.checkpoint_dir); mk.ok()) {
+      GiveToOwner(o_.checkpoint_dir + "/" + kCompleteMarker, o_, 0644);
+    }
+  }
+  adopt(std::move(restored));
+  if (auto w = RememberCommit(m->marker); !w.empty()) stats.state_warning = w;
+  stats.seconds = Since(start, clock_);
+  return stats;
+}
+
+// Puts every file of `m` into checkpoint_dir: parallel, each checked
+// against the manifest's size and crc32c, files already there (same size and
+// crc32c) kept as they are, so an interrupted restore or pull goes on where
+// it stopped.
+Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, RestoreStats& stats,
+                                  const CallContext& ctx) {
+  const Manifest* m = &manifest;
+  std::mutex stats_mu;
   auto const& entries = m->files;
   auto s = ParallelFor(entries.size(), o_.parallelism, [&](std::size_t i) -> Status {
     if (auto c = ctx.Check("restoring"); !c.ok()) return c;
@@ -770,18 +793,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     restored[e.path] = Uploaded{e.size, Ns(st.st_mtim), e.crc, e.object, e.generation};
     return OkStatus();
   });
-  if (!s.ok()) return s;
-  if (m->marker) {
-    // The commit was complete by the trainer's own word: say so again, after
-    // every file, so the restored tree counts as complete.
-    if (auto mk = MarkCheckpointComplete(o_.checkpoint_dir); mk.ok()) {
-      GiveToOwner(o_.checkpoint_dir + "/" + kCompleteMarker, o_, 0644);
-    }
-  }
-  adopt(std::move(restored));
-  if (auto w = RememberCommit(m->marker); !w.empty()) stats.state_warning = w;
-  stats.seconds = Since(start, clock_);
-  return stats;
+  return s;
 }
 
 std::string SyncEngine::RememberCommit(bool marker, const Pending* pending) {
@@ -829,6 +841,48 @@ std::string SyncEngine::NoteTrainerRunning(bool running) {
   // Nothing recorded yet (no state-dir, or no restore ran): nothing to mark.
   if (o_.state_file.empty() || !record_.is_object()) return "";
   return WriteRecord(record_);
+}
+
+StatusOr<RestoreStats> SyncEngine::Pull(std::optional<std::int64_t> sequence, const CallContext& ctx) {
+  std::lock_guard lk(mu_);
+  auto start = clock_.Now();
+  RestoreStats stats;
+  auto text = store_->ReadBytes(kManifest, nullptr, ctx);
+  if (!text.ok()) {
+    if (text.status().code() != StatusCode::kNotFound) return text.status();
+    return NotFoundError(fmt::format("{} has no {}: nothing was committed to this run (`spotvisor runs` lists the runs "
+                                     "and their ids)",
+                                     store_->Describe(), kManifest));
+  }
+  auto m = ParseManifest(*text, store_->Describe() + "/" + kManifest, o_.checkpoint_dir);
+  if (!m.ok()) return m.status();
+  if (sequence && *sequence != m->sequence) {
+    return NotFoundError(fmt::format("commit #{} is not kept: the bucket holds only a run's newest commit (#{}); the "
+                                     "objects of older ones are deleted after each commit",
+                                     *sequence, m->sequence));
+  }
+  std::error_code ec;
+  fs::create_directories(o_.checkpoint_dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "creating " + Escaped(o_.checkpoint_dir));
+  auto done = store_->ReadBytes(kDone, nullptr, ctx);
+  stats.done = done.ok();
+  if (done.ok()) {
+    stats.done_marker = Json::parse(*done, nullptr, false);
+    if (stats.done_marker.is_discarded()) stats.done_marker = nullptr;
+  }
+  FileMap pulled;
+  if (auto s = DownloadCommit(*m, pulled, stats, ctx); !s.ok()) return s;
+  stats.resumed = true;
+  stats.files = static_cast<int>(m->files.size());
+  stats.sequence = m->sequence;
+  stats.seconds = Since(start, clock_);
+  return stats;
+}
+
+Status SyncEngine::PublishRunStatus(const Json& status, const CallContext& ctx) {
+  if (auto f = Fenced(); !f.empty()) return FailedPreconditionError(f);
+  auto r = store_->UploadBytes(kRunStatus, Dump(status, 1) + "\n", {}, ctx);
+  return r.ok() ? OkStatus() : r.status();
 }
 
 std::string SyncEngine::Publish(const std::string& committed_at, const std::string& instance) {

@@ -173,6 +173,14 @@ class SyncEngine {
   // local files may hold a save cut off by spotvisor's death. Thread-safe,
   // never waits for a sync; returns a warning, or "" once remembered.
   std::string NoteTrainerRunning(bool running);
+  // `spotvisor pull`: the newest commit into checkpoint_dir (created), and
+  // nothing else: no DONE handling, no garbage collection, no state file, no
+  // write to the store. `sequence`: that commit or an error saying it is not
+  // kept. Files already there with the right size and crc32c are kept, so an
+  // interrupted pull goes on where it stopped.
+  StatusOr<RestoreStats> Pull(std::optional<std::int64_t> sequence, const CallContext& ctx = Background());
+  // Writes the run's status.json (kRunStatus); not once fenced off.
+  Status PublishRunStatus(const nlohmann::json& status, const CallContext& ctx = Background());
   // Thread-safe; never waits for a sync.
   CommittedView Committed() const;
   // Scans CHECKPOINT_DIR (lstat only) against the last commit. Thread-safe;
@@ -205,6 +213,7 @@ class SyncEngine {
   // state_ is what the bucket holds now (mu_ held): updates Committed() and
   // committed_file. Returns a warning, or "".
   std::string Publish(const std::string& committed_at, const std::string& instance);
+  Status DownloadCommit(const Manifest& m, FileMap& restored, RestoreStats& stats, const CallContext& ctx);
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;

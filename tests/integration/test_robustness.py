@@ -128,7 +128,8 @@ class RobustnessTest(SpotvisorTestCase):
         os.makedirs(self.path("ckpt"))
         with open(self.path("ckpt/model"), "wb") as f:
             f.write(b"m" * 100000)
-        gcs.fault("slow", delay_ms=60000, upload_type="multipart")
+        # The checkpoint's upload only (the run's status.json goes up at the start too).
+        gcs.fault("slow", delay_ms=60000, upload_type="multipart", object_prefix="run1/checkpoints/")
         p = self.run_trainer(["--marker-file", self.path("marker")], sets={"bucket": "gs://ckpt-bucket", "run-id": "run1"}, env=env)
         p.wait_trainer_ready()
         p.signal(signal.SIGTERM)

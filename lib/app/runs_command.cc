@@ -1,0 +1,250 @@
+#include "app/runs_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "metadata/metadata_client.h"
+#include "output/utf8.h"
+#include "retry/backoff_policy.h"
+#include "retry/retry_policy.h"
+#include "storage/file_object_store.h"
+#include "storage/gcs_object_store.h"
+#include "storage/user_credentials.h"
+#include "supervisor/durability.h"
+#include "sync/manifest.h"
+#include "sync/sync_engine.h"
+
+namespace spotvisor {
+namespace {
+
+using Json = nlohmann::json;
+constexpr int kExitUsage = 64;
+
+const SystemClock& TheClock() {
+  static const SystemClock clock;
+  return clock;
+}
+
+std::string Shown(const std::string& s) { return output::EscapeInvalidUtf8(s); }
+
+// How this command authenticates, in the order Google's tools use.
+StatusOr<std::unique_ptr<TokenProvider>> Credentials(const RemoteOptions& o, bool auth) {
+  if (!auth) return MakeNoAuthTokenProvider();
+  if (!o.access_token_command.empty()) return MakeCommandTokenProvider(o.access_token_command, TheClock());
+  if (auto adc = FindAdcFile(); !adc.empty()) return MakeAdcTokenProvider(adc, TheClock());
+  // On a VM (or with GCE_METADATA_HOST): its service account.
+  auto endpoint = MetadataEndpointFromEnv();
+  endpoint.connect_timeout = std::chrono::milliseconds(1000);
+  auto client = MakeMetadataClient(endpoint, MakeCurlHttpClient(), MakeCurlHttpClient);
+  if (client->Get("instance/service-accounts/default/email").ok()) {
+    return std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(std::move(client), TheClock()));
+  }
+  return PermissionDeniedError(
+      "no credentials: run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or pass "
+      "--access-token-command \"gcloud auth print-access-token\"");
+}
+
+// A read-only view of URL (gs://BUCKET/PREFIX or file:///PATH), rooted at its prefix.
+StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& url, const RemoteOptions& o) {
+  auto loc = ParseStoreLocation(url);
+  if (!loc.ok()) return loc.status();
+  if (loc->scheme == "file") return MakeFileObjectStore(loc->prefix);
+  GcsOptions g;
+  bool auth = true;
+  g.endpoint = StorageEndpoint(o.storage_endpoint, auth);
+  while (!g.endpoint.empty() && g.endpoint.back() == '/') g.endpoint.pop_back();
+  g.bucket = loc->bucket;
+  g.prefix = loc->prefix;
+  g.make_retry = [] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), TheClock()); };
+  g.make_backoff = [] {
+    return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
+  };
+  auto tokens = Credentials(o, auth);
+  if (!tokens.ok()) return tokens.status();
+  return MakeGcsObjectStore(std::move(g), std::move(*tokens));
+}
+
+struct RunRow {
+  std::string run_id;
+  std::string state = "unknown";  // done | running | an end reason | unknown
+  std::optional<int> exit_code;
+  std::int64_t sequence = 0;
+  std::string committed_at, instance, since;
+  int files = 0;
+  std::uint64_t objects_bytes = 0;
+  int objects = 0;
+  std::string problem;  // a file of the run that could not be read
+};
+
+std::optional<Json> ReadJson(ObjectStore& store, const std::string& name, std::string& problem) {
+  auto text = store.ReadBytes(name, nullptr, Background());
+  if (!text.ok()) {
+    if (text.status().code() != StatusCode::kNotFound) problem = text.status().message();
+    return std::nullopt;
+  }
+  auto j = Json::parse(*text, nullptr, false);
+  if (!j.is_object()) {
+    problem = name + " is not a JSON object";
+    return std::nullopt;
+  }
+  return j;
+}
+
+std::string Str(const Json& j, const char* k) {
+  auto it = j.find(k);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+std::optional<int> Int(const Json& j, const char* k) {
+  auto it = j.find(k);
+  if (it == j.end() || !it->is_number_integer()) return std::nullopt;
+  auto v = it->get<long long>();
+  if (v < INT32_MIN || v > INT32_MAX) return std::nullopt;
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
+  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
+    std::fprintf(stderr, "spotvisor runs: %s\n", loc.status().message().c_str());
+    return kExitUsage;
+  }
+  auto store = OpenStore(url, o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "spotvisor runs: %s\n", store.status().message().c_str());
+    return 1;
+  }
+  auto listed = (*store)->List("", Background());
+  if (!listed.ok()) {
+    std::fprintf(stderr, "spotvisor runs: listing %s: %s\n", url.c_str(), listed.status().message().c_str());
+    return 1;
+  }
+  std::map<std::string, RunRow> runs;
+  std::map<std::string, bool> is_run;
+  for (auto const& obj : *listed) {
+    auto slash = obj.name.find('/');
+    if (slash == std::string::npos || slash == 0) continue;
+    auto id = obj.name.substr(0, slash);
+    auto rest = obj.name.substr(slash + 1);
+    auto& r = runs[id];
+    r.run_id = id;
+    r.objects += 1;
+    r.objects_bytes += obj.size;
+    if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus) is_run[id] = true;
+  }
+  std::vector<RunRow> rows;
+  for (auto& [id, r] : runs) {
+    if (!is_run[id]) continue;  // something else under the prefix
+    auto& s = **store;
+    if (auto m = s.ReadBytes(id + "/" + kManifestObject, nullptr, Background()); m.ok()) {
+      auto parsed = ParseManifest(*m, url + "/" + id + "/" + kManifestObject, "/nonexistent/spotvisor-runs");
+      if (parsed.ok()) {
+        r.sequence = parsed->sequence;
+        r.committed_at = parsed->committed_at;
+        r.instance = parsed->instance;
+        r.files = static_cast<int>(parsed->files.size());
+      } else {
+        r.problem = parsed.status().message();
+      }
+    } else if (m.status().code() != StatusCode::kNotFound) {
+      r.problem = m.status().message();
+    }
+    if (auto st = ReadJson(s, id + "/" + kRunStatus, r.problem)) {
+      auto state = Str(*st, "state");
+      r.state = state == "running" ? "running" : state == "ended" && !Str(*st, "reason").empty() ? Str(*st, "reason") : "unknown";
+      r.exit_code = Int(*st, "exit_code");
+      r.since = Str(*st, "time");
+      if (r.instance.empty()) r.instance = Str(*st, "instance");
+    }
+    if (auto done = ReadJson(s, id + "/" + kDoneObject, r.problem)) {
+      r.state = "done";
+      r.exit_code = Int(*done, "exit_code");
+    }
+    rows.push_back(r);
+  }
+  if (json) {
+    Json out = Json::array();
+    for (auto const& r : rows) {
+      Json j = {{"run_id", r.run_id}, {"state", r.state}, {"sequence", r.sequence}, {"files", r.files},
+                {"bytes", r.objects_bytes}, {"objects", r.objects}};
+      j["committed_at"] = r.committed_at.empty() ? Json(nullptr) : Json(r.committed_at);
+      j["instance"] = r.instance.empty() ? Json(nullptr) : Json(r.instance);
+      j["exit_code"] = r.exit_code ? Json(*r.exit_code) : Json(nullptr);
+      if (!r.since.empty()) j["status_time"] = r.since;
+      if (!r.problem.empty()) j["problem"] = r.problem;
+      out.push_back(std::move(j));
+    }
+    std::puts(out.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  if (rows.empty()) {
+    std::printf("no runs under %s\n", url.c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> table = {{"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "SIZE", "INSTANCE"}};
+  for (auto const& r : rows) {
+    table.push_back({Shown(r.run_id), r.state, r.exit_code ? std::to_string(*r.exit_code) : "-",
+                     r.sequence > 0 ? fmt::format("#{}", r.sequence) : "-", r.committed_at.empty() ? "-" : Shown(r.committed_at),
+                     FormatBytes(r.objects_bytes), r.instance.empty() ? "-" : Shown(r.instance)});
+  }
+  std::vector<std::size_t> width(table[0].size(), 0);
+  for (auto const& row : table) {
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (auto const& row : table) {
+    std::string line;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::puts(line.c_str());
+  }
+  for (auto const& r : rows) {
+    if (!r.problem.empty()) std::fprintf(stderr, "spotvisor runs: %s: %s\n", Shown(r.run_id).c_str(), Shown(r.problem).c_str());
+  }
+  return 0;
+}
+
+int PullRun(const std::string& url, const std::string& dir_in, std::optional<std::int64_t> sequence,
+            const RemoteOptions& o) {
+  std::string u = url;
+  while (!u.empty() && u.back() == '/') u.pop_back();
+  auto slash = u.rfind('/');
+  std::string run_id = slash == std::string::npos ? "" : u.substr(slash + 1);
+  auto loc = ParseStoreLocation(u);
+  if (!loc.ok() || run_id.empty() || (loc->scheme == "gs" && loc->prefix.empty())) {
+    std::fprintf(stderr, "spotvisor pull: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
+                 Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
+    return kExitUsage;
+  }
+  auto store = OpenStore(u, o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "spotvisor pull: %s\n", store.status().message().c_str());
+    return 1;
+  }
+  std::string dir = dir_in.empty() ? "./" + run_id : dir_in;
+  SyncOptions so;
+  so.checkpoint_dir = dir;
+  so.run_id = run_id;
+  so.parallelism = o.parallelism;
+  SyncEngine engine(std::move(*store), so, TheClock());
+  auto r = engine.Pull(sequence, Background());
+  if (!r.ok()) {
+    std::fprintf(stderr, "spotvisor pull: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  std::printf("pulled commit #%lld of %s into %s: %d file(s), %d downloaded (%s), %d already there, in %.1fs%s\n",
+              static_cast<long long>(r->sequence), Shown(u).c_str(), Shown(dir).c_str(), r->files, r->files_downloaded,
+              FormatBytes(r->bytes_downloaded).c_str(), r->files - r->files_downloaded, r->seconds,
+              r->done ? " (the run is done)" : "");
+  return 0;
+}
+
+}  // namespace spotvisor

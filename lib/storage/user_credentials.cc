@@ -1,0 +1,248 @@
+#include "storage/user_credentials.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/strings.h"
+#include "output/utf8.h"
+
+namespace spotvisor {
+namespace {
+
+using Json = nlohmann::json;
+constexpr char kGoogleTokenUri[] = "https://oauth2.googleapis.com/token";
+
+// Form encoding for application/x-www-form-urlencoded bodies.
+std::string FormEncode(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
+
+// Runs /bin/sh -c `command`, collecting stdout (at most 64 KiB) within `timeout`.
+StatusOr<std::string> RunForOutput(const std::string& command, std::chrono::milliseconds timeout) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoToStatus(errno, "pipe");
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(fds[0]);
+    close(fds[1]);
+    return ErrnoToStatus(err, "fork");
+  }
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    // A new process group, so a timeout can stop the whole pipeline.
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool timed_out = false;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int n = poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    char buf[4096];
+    ssize_t r = read(fds[0], buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (out.size() < (64u << 10)) out.append(buf, static_cast<std::size_t>(r));
+  }
+  close(fds[0]);
+  if (timed_out) kill(-pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    return DeadlineExceededError(fmt::format("--access-token-command did not finish within {} s",
+                                             std::chrono::duration_cast<std::chrono::seconds>(timeout).count()));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return PermissionDeniedError(fmt::format("--access-token-command \"{}\" failed ({})", output::EscapeInvalidUtf8(command),
+                                             WIFEXITED(status) ? fmt::format("exit code {}", WEXITSTATUS(status))
+                                                               : fmt::format("signal {}", WTERMSIG(status))));
+  }
+  return out;
+}
+
+class CommandTokens final : public TokenProvider {
+ public:
+  CommandTokens(std::string command, const Clock& clock, std::chrono::milliseconds timeout)
+      : command_(std::move(command)), clock_(clock), timeout_(timeout) {}
+  using TokenProvider::AuthorizationHeader;
+  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override {
+    std::lock_guard lk(mu_);
+    if (!header_.empty() && clock_.Now() < refresh_at_) return header_;
+    if (auto c = ctx.Check("getting an access token"); !c.ok()) return c;
+    auto out = RunForOutput(command_, timeout_);
+    if (!out.ok()) return out.status();
+    auto token = std::string(Trim(*out));
+    // One line of token characters; anything else (an error message, a
+    // prompt) must not be sent as a header.
+    if (token.empty() || token.size() > 4096 ||
+        token.find_first_of(" \t\r\n\"'") != std::string::npos || !output::IsValidUtf8(token)) {
+      return PermissionDeniedError("--access-token-command printed something that is not an access token");
+    }
+    header_ = "Bearer " + token;
+    refresh_at_ = clock_.Now() + std::chrono::minutes(10);
+    return header_;
+  }
+
+ private:
+  std::string command_;
+  const Clock& clock_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::string header_;
+  SteadyTime refresh_at_{};
+};
+
+// gcloud auth application-default login: a refresh token exchanged for
+// access tokens at token_uri (RFC 6749 section 6).
+class AuthorizedUserTokens final : public TokenProvider {
+ public:
+  AuthorizedUserTokens(std::string path, std::string client_id, std::string client_secret, std::string refresh_token,
+                       std::string token_uri, const Clock& clock, std::unique_ptr<HttpClient> http)
+      : path_(std::move(path)),
+        client_id_(std::move(client_id)),
+        client_secret_(std::move(client_secret)),
+        refresh_token_(std::move(refresh_token)),
+        token_uri_(std::move(token_uri)),
+        clock_(clock),
+        http_(std::move(http)) {}
+  using TokenProvider::AuthorizationHeader;
+  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override {
+    std::lock_guard lk(mu_);
+    auto now = clock_.Now();
+    if (!header_.empty() && now < refresh_at_) return header_;
+    HttpRequest req;
+    req.method = "POST";
+    req.url = token_uri_;
+    req.headers = {{"Content-Type", "application/x-www-form-urlencoded"}};
+    req.body = "grant_type=refresh_token&client_id=" + FormEncode(client_id_) + "&client_secret=" +
+               FormEncode(client_secret_) + "&refresh_token=" + FormEncode(refresh_token_);
+    req.timeout = ctx.Remaining(std::chrono::seconds(30));
+    if (auto c = ctx.Check("getting an access token"); !c.ok()) return c;
+    auto r = http_->Perform(req);
+    if (!r.ok()) return Status(r.status().code(), "getting an access token from " + token_uri_ + ": " + r.status().message());
+    auto j = Json::parse(r->body, nullptr, false);
+    if (r->status != 200) {
+      std::string error = j.is_object() && j.contains("error") && j["error"].is_string() ? j["error"].get<std::string>() : "";
+      std::string hint = error == "invalid_grant" || error == "invalid_client"
+                             ? "; the login has expired or was revoked: run `gcloud auth application-default login` again"
+                             : "";
+      return PermissionDeniedError(fmt::format("{} refused the refresh token from {} (HTTP {}{}){}", token_uri_, path_,
+                                               r->status, error.empty() ? "" : ": " + output::EscapeInvalidUtf8(error),
+                                               hint));
+    }
+    if (!j.is_object() || !j.contains("access_token") || !j["access_token"].is_string()) {
+      return UnavailableError(token_uri_ + ": the answer has no access_token");
+    }
+    std::int64_t expires_in = 300;
+    if (auto e = j.find("expires_in"); e != j.end() && e->is_number_integer()) {
+      expires_in = std::clamp<std::int64_t>(e->get<std::int64_t>(), 0, 24 * 3600);
+    }
+    auto expires = std::chrono::seconds(expires_in);
+    refresh_at_ = now + std::max(expires - std::chrono::seconds(300), expires / 2);
+    header_ = "Bearer " + j["access_token"].get<std::string>();
+    return header_;
+  }
+
+ private:
+  std::string path_, client_id_, client_secret_, refresh_token_, token_uri_;
+  const Clock& clock_;
+  std::unique_ptr<HttpClient> http_;
+  std::mutex mu_;
+  std::string header_;
+  SteadyTime refresh_at_{};
+};
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<TokenProvider> MakeCommandTokenProvider(std::string command, const Clock& clock,
+                                                        std::chrono::milliseconds timeout) {
+  return std::make_unique<CommandTokens>(std::move(command), clock, timeout);
+}
+
+std::string FindAdcFile() {
+  if (const char* p = std::getenv("GOOGLE_APPLICATION_CREDENTIALS"); p != nullptr && *p != '\0') return p;
+  std::string dir;
+  if (const char* c = std::getenv("CLOUDSDK_CONFIG"); c != nullptr && *c != '\0') {
+    dir = c;
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    dir = std::string(h) + "/.config/gcloud";
+  }
+  if (dir.empty()) return "";
+  auto path = dir + "/application_default_credentials.json";
+  return Exists(path) ? path : "";
+}
+
+StatusOr<std::unique_ptr<TokenProvider>> MakeAdcTokenProvider(const std::string& path, const Clock& clock,
+                                                              std::function<std::unique_ptr<HttpClient>()> make_http) {
+  std::ifstream in(path);
+  if (!in) return ErrnoToStatus(errno, "reading credentials " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto text = ss.str();
+  if (text.size() > (1u << 20)) return InvalidArgumentError(path + ": larger than 1 MiB; not a credentials file");
+  auto j = Json::parse(text, nullptr, false);
+  if (!j.is_object()) return InvalidArgumentError(path + ": not a JSON object; not a credentials file");
+  auto str = [&](const char* k) -> std::string {
+    auto it = j.find(k);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+  };
+  auto type = str("type");
+  if (type == "service_account") {
+    return InvalidArgumentError(path + ": service-account keys are not supported yet; use --access-token-command "
+                                       "\"gcloud auth print-access-token\" (or `gcloud auth application-default login`)");
+  }
+  if (type != "authorized_user") {
+    return InvalidArgumentError(fmt::format("{}: credentials of type \"{}\" are not supported (authorized_user is)", path,
+                                            output::EscapeInvalidUtf8(type)));
+  }
+  for (const char* k : {"client_id", "client_secret", "refresh_token"}) {
+    if (str(k).empty()) return InvalidArgumentError(fmt::format("{}: \"{}\" is missing or not a string", path, k));
+  }
+  std::string token_uri = str("token_uri").empty() ? kGoogleTokenUri : str("token_uri");
+  if (!StartsWith(token_uri, "https://") && !StartsWith(token_uri, "http://")) {
+    return InvalidArgumentError(path + ": token_uri is not an http(s) URL");
+  }
+  return std::unique_ptr<TokenProvider>(std::make_unique<AuthorizedUserTokens>(
+      path, str("client_id"), str("client_secret"), str("refresh_token"), token_uri, clock, make_http()));
+}
+
+}  // namespace spotvisor
