@@ -1,6 +1,7 @@
 // The spotvisor command line: argument parsing and help only; everything it
 // does lives in lib/.
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +50,8 @@ const char* const kUsage =
     "                                        (on a laptop) list the runs under a prefix\n"
     "  spotvisor pull [--sequence N] [--access-token-command CMD] gs://BUCKET/PREFIX/RUN_ID [DIR]\n"
     "                                        (on a laptop) download a run's newest checkpoint\n"
+    "  spotvisor gc (--keep N | --older-than DURATION) [--delete] gs://BUCKET/PREFIX\n"
+    "                                        (on a laptop) remove old runs (a dry run by default)\n"
     "  spotvisor version\n"
     "\n"
     "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
@@ -156,6 +159,17 @@ const std::map<std::string, std::string> kHelp = {
      "on where it stopped. --sequence N: only that commit (the bucket keeps a run's newest commit\n"
      "only; an older one is an error saying so). Only reads the bucket. Credentials as for\n"
      "`spotvisor runs`. Exit status: 0 pulled, 1 failed (files pulled so far stay), 64 usage.\n"},
+    {"gc",
+     "Usage: spotvisor gc [--keep N] [--older-than DURATION] [--delete] [--access-token-command CMD]\n"
+     "                    [--storage-endpoint URL] gs://BUCKET[/PREFIX]\n"
+     "\n"
+     "Removes old runs under the prefix: those beyond the N most recent (--keep) and/or whose\n"
+     "last commit or status is older than DURATION (--older-than 30d); with both, a run must be\n"
+     "beyond both. A run whose VM says it is running is never removed; a run of unknown age is\n"
+     "removed only by --keep. Without --delete it only says what it would delete (a dry run).\n"
+     "With --delete each run's manifest goes first, then its other objects (each deleted only if\n"
+     "unchanged since listed). Credentials as for `spotvisor runs` (deleting needs\n"
+     "storage.objects.delete). Exit status: 0 listed or deleted, 1 a failure, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -171,6 +185,9 @@ struct Args {
   std::vector<std::string> positional;  // runs, pull
   spotvisor::RemoteOptions remote;
   std::optional<std::int64_t> sequence;
+  std::optional<int> keep;
+  std::optional<std::chrono::milliseconds> older_than;
+  bool apply = false;  // gc --delete
 };
 
 int Usage(const std::string& problem) {
@@ -204,6 +221,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"checkpoint", {"--done", "--dir"}},
         {"runs", {"--json", "--access-token-command", "--storage-endpoint"}},
         {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
+        {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -215,7 +233,7 @@ int Parse(int argc, char** argv, Args& a) {
       std::fputs(kHelp.at(a.command).c_str(), stdout);
       return 0;
     }
-    if ((a.command == "runs" || a.command == "pull") && arg.rfind("-", 0) != 0) {
+    if ((a.command == "runs" || a.command == "pull" || a.command == "gc") && arg.rfind("-", 0) != 0) {
       a.positional.push_back(arg);
       continue;
     }
@@ -240,6 +258,10 @@ int Parse(int argc, char** argv, Args& a) {
       a.done = true;
       continue;
     }
+    if (flag == "--delete") {
+      a.apply = true;
+      continue;
+    }
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
     } else if (i + 1 < argc) {
@@ -258,6 +280,18 @@ int Parse(int argc, char** argv, Args& a) {
       a.remote.access_token_command = value;
     } else if (flag == "--storage-endpoint") {
       a.remote.storage_endpoint = value;
+    } else if (flag == "--keep") {
+      char* end = nullptr;
+      errno = 0;
+      long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno != 0 || n < 0 || n > 1'000'000) {
+        return Usage("--keep: \"" + value + "\" is not a number of runs (0, 1, ...)");
+      }
+      a.keep = static_cast<int>(n);
+    } else if (flag == "--older-than") {
+      auto d = spotvisor::ParseDuration(value);
+      if (!d.ok()) return Usage("--older-than: " + d.status().message());
+      a.older_than = *d;
     } else if (flag == "--sequence") {
       char* end = nullptr;
       errno = 0;
@@ -308,6 +342,10 @@ int main(int argc, char** argv) {
   if (a.command == "runs") {
     if (a.positional.size() != 1) return Usage("spotvisor runs: give one gs://BUCKET[/PREFIX]");
     return spotvisor::ListRuns(a.positional[0], a.remote, a.json);
+  }
+  if (a.command == "gc") {
+    if (a.positional.size() != 1) return Usage("spotvisor gc: give one gs://BUCKET[/PREFIX]");
+    return spotvisor::GcRuns(a.positional[0], a.keep, a.older_than, a.apply, a.remote);
   }
   if (a.command == "pull") {
     if (a.positional.empty() || a.positional.size() > 2) return Usage("spotvisor pull: give gs://BUCKET[/PREFIX]/RUN_ID [DIR]");

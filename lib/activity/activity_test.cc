@@ -17,7 +17,7 @@ TEST_CASE("idle time grows while CPU stays under the threshold, and resets on ac
   CHECK(d.Observe(t + 40s, {13.3, std::nullopt, 0}) == 10s);
 }
 
-TEST_CASE("a busy GPU or an incoming connection counts as activity; an exited process never makes CPU negative") {
+TEST_CASE("a busy GPU or an incoming connection counts as activity, an exited process never makes CPU negative") {
   IdleDetector d(5, 5);
   SteadyTime t{};
   d.Observe(t, {100, 0.0, 0});

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "log/logger.h"
 #include "metadata/metadata_client.h"
 #include "output/utf8.h"
 #include "retry/backoff_policy.h"
@@ -80,6 +81,7 @@ struct RunRow {
   int files = 0;
   std::uint64_t objects_bytes = 0;
   int objects = 0;
+  std::vector<ObjectInfo> object_list;  // every object under RUN_ID/
   std::string problem;  // a file of the run that could not be read
 };
 
@@ -109,23 +111,11 @@ std::optional<int> Int(const Json& j, const char* k) {
   return static_cast<int>(v);
 }
 
-}  // namespace
-
-int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
-  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
-    std::fprintf(stderr, "spotvisor runs: %s\n", loc.status().message().c_str());
-    return kExitUsage;
-  }
-  auto store = OpenStore(url, o);
-  if (!store.ok()) {
-    std::fprintf(stderr, "spotvisor runs: %s\n", store.status().message().c_str());
-    return 1;
-  }
-  auto listed = (*store)->List("", Background());
-  if (!listed.ok()) {
-    std::fprintf(stderr, "spotvisor runs: listing %s: %s\n", url.c_str(), listed.status().message().c_str());
-    return 1;
-  }
+// Every run under the store's root: a first-level directory holding a
+// manifest, DONE or status.json (anything else there is not a run).
+StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string& url) {
+  auto listed = store.List("", Background());
+  if (!listed.ok()) return Status(listed.status().code(), "listing " + url + ": " + listed.status().message());
   std::map<std::string, RunRow> runs;
   std::map<std::string, bool> is_run;
   for (auto const& obj : *listed) {
@@ -137,12 +127,13 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     r.run_id = id;
     r.objects += 1;
     r.objects_bytes += obj.size;
+    r.object_list.push_back(obj);
     if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus) is_run[id] = true;
   }
   std::vector<RunRow> rows;
   for (auto& [id, r] : runs) {
     if (!is_run[id]) continue;  // something else under the prefix
-    auto& s = **store;
+    auto& s = store;
     if (auto m = s.ReadBytes(id + "/" + kManifestObject, nullptr, Background()); m.ok()) {
       auto parsed = ParseManifest(*m, url + "/" + id + "/" + kManifestObject, "/nonexistent/spotvisor-runs");
       if (parsed.ok()) {
@@ -169,6 +160,27 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     }
     rows.push_back(r);
   }
+  return rows;
+}
+
+}  // namespace
+
+int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
+  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
+    std::fprintf(stderr, "spotvisor runs: %s\n", loc.status().message().c_str());
+    return kExitUsage;
+  }
+  auto store = OpenStore(url, o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "spotvisor runs: %s\n", store.status().message().c_str());
+    return 1;
+  }
+  auto collected = CollectRuns(**store, url);
+  if (!collected.ok()) {
+    std::fprintf(stderr, "spotvisor runs: %s\n", collected.status().message().c_str());
+    return 1;
+  }
+  auto& rows = *collected;
   if (json) {
     Json out = Json::array();
     for (auto const& r : rows) {
@@ -210,6 +222,101 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     if (!r.problem.empty()) std::fprintf(stderr, "spotvisor runs: %s: %s\n", Shown(r.run_id).c_str(), Shown(r.problem).c_str());
   }
   return 0;
+}
+
+int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::chrono::milliseconds> older_than,
+           bool apply, const RemoteOptions& o) {
+  if (!keep && !older_than) {
+    std::fprintf(stderr, "spotvisor gc: say which runs: --keep N and/or --older-than DURATION\n");
+    return kExitUsage;
+  }
+  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
+    std::fprintf(stderr, "spotvisor gc: %s\n", loc.status().message().c_str());
+    return kExitUsage;
+  }
+  auto store = OpenStore(url, o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "spotvisor gc: %s\n", store.status().message().c_str());
+    return 1;
+  }
+  auto collected = CollectRuns(**store, url);
+  if (!collected.ok()) {
+    std::fprintf(stderr, "spotvisor gc: %s\n", collected.status().message().c_str());
+    return 1;
+  }
+  // When each run last did something: its newest commit, or its status.
+  struct Aged {
+    const RunRow* run;
+    std::optional<WallTime> last;
+  };
+  std::vector<Aged> runs;
+  for (auto const& r : *collected) {
+    auto last = ParseRfc3339(r.committed_at);
+    if (auto s = ParseRfc3339(r.since); s && (!last || *s > *last)) last = s;
+    runs.push_back({&r, last});
+  }
+  std::sort(runs.begin(), runs.end(), [](const Aged& a, const Aged& b) {
+    if (a.last.has_value() != b.last.has_value()) return a.last.has_value();  // unknown ages last
+    return a.last && b.last && *a.last > *b.last;
+  });
+  auto now = TheClock().WallNow();
+  std::vector<const Aged*> doomed;
+  int rank = 0;
+  for (auto const& a : runs) {
+    auto const& r = *a.run;
+    if (r.state == "running") {
+      std::printf("keep    %s: its VM says it is running (since %s)\n", Shown(r.run_id).c_str(), Shown(r.since).c_str());
+      continue;
+    }
+    bool beyond_keep = !keep || rank++ >= *keep;
+    bool old_enough = !older_than || (a.last && now - *a.last > *older_than);
+    if (beyond_keep && old_enough) {
+      doomed.push_back(&a);
+    } else {
+      std::printf("keep    %s (%s, last %s)\n", Shown(r.run_id).c_str(), r.state.c_str(),
+                  a.last ? FormatRfc3339(*a.last).c_str() : "unknown");
+    }
+  }
+  std::uint64_t bytes = 0;
+  int objects = 0;
+  for (auto const* a : doomed) {
+    auto const& r = *a->run;
+    bytes += r.objects_bytes;
+    objects += r.objects;
+    std::printf("%s %s (%s, last %s): %d object(s), %s\n", apply ? "delete " : "would delete", Shown(r.run_id).c_str(),
+                r.state.c_str(), a->last ? FormatRfc3339(*a->last).c_str() : "unknown", r.objects,
+                FormatBytes(r.objects_bytes).c_str());
+  }
+  if (!apply) {
+    std::printf("dry run: %zu run(s), %d object(s), %s would be deleted; add --delete to delete them\n", doomed.size(),
+                objects, FormatBytes(bytes).c_str());
+    return 0;
+  }
+  int failed = 0, deleted = 0;
+  for (auto const* a : doomed) {
+    auto const& r = *a->run;
+    // The manifest first: a VM restoring this run meanwhile finds no commit
+    // rather than a commit whose objects are going.
+    auto objects_in_order = r.object_list;
+    std::stable_sort(objects_in_order.begin(), objects_in_order.end(), [&](const ObjectInfo& x, const ObjectInfo& y) {
+      auto rankof = [&](const ObjectInfo& i) { return i.name == r.run_id + "/" + kManifestObject ? 0 : 1; };
+      return rankof(x) < rankof(y);
+    });
+    for (auto const& obj : objects_in_order) {
+      auto s = (*store)->Delete(obj.name, Precondition{obj.generation}, Background());
+      if (s.ok() || s.code() == StatusCode::kNotFound) {
+        ++deleted;
+        continue;
+      }
+      ++failed;
+      std::fprintf(stderr, "spotvisor gc: %s: deleting %s: %s\n", Shown(r.run_id).c_str(), Shown(obj.name).c_str(),
+                   s.message().c_str());
+      break;  // the rest of this run stays; the next run is tried
+    }
+  }
+  std::printf("deleted %d object(s) of %zu run(s)%s\n", deleted, doomed.size(),
+              failed ? fmt::format("; {} run(s) could not be deleted completely (see above)", failed).c_str() : "");
+  return failed ? 1 : 0;
 }
 
 int PullRun(const std::string& url, const std::string& dir_in, std::optional<std::int64_t> sequence,

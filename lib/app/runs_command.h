@@ -6,6 +6,7 @@
 // STORAGE_EMULATOR_HOST turns authentication off, as in Google's tools.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,6 +21,14 @@ struct RemoteOptions {
 
 // Exit codes: 0 listed; 1 the bucket could not be read; 64 a bad URL.
 int ListRuns(const std::string& url, const RemoteOptions& options, bool json);
+// Removes old runs' objects under URL (seed 003: outputs pile up unless
+// cleaned): runs beyond the `keep` most recent and/or older than
+// `older_than` (by their last commit or status time), never one whose VM
+// says it is running. Only lists unless `apply`. Exit codes: 0 listed or
+// deleted; 1 a failure (the message says which run); 64 usage.
+int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::chrono::milliseconds> older_than,
+           bool apply, const RemoteOptions& options);
+
 // URL is gs://BUCKET/PREFIX/RUN_ID (or file:///PATH/RUN_ID); DIR defaults to
 // ./RUN_ID. Exit codes: 0 pulled; 1 failed (the message says why; files
 // pulled so far stay, and a second pull goes on from them); 64 a bad URL.

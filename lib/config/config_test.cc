@@ -91,7 +91,7 @@ TEST_CASE("every bad key is reported, not only the first") {
         std::string::npos);
 }
 
-TEST_CASE("unknown spotvisor-* attributes warn with a suggestion; other attributes are ignored") {
+TEST_CASE("unknown spotvisor-* attributes warn with a suggestion, other attributes are ignored") {
   auto in = Base();
   in.instance_attributes["spotvisor-stop-timout"] = "30s";
   in.instance_attributes["startup-script"] = "#!/bin/bash";
@@ -104,7 +104,7 @@ TEST_CASE("unknown spotvisor-* attributes warn with a suggestion; other attribut
         "instance metadata spotvisor-stop-timout: unknown spotvisor attribute, ignored (did you mean spotvisor-stop-timeout?)");
 }
 
-TEST_CASE("an unknown key in the file warns; on the command line it is an error") {
+TEST_CASE("an unknown key in the file warns, on the command line it is an error") {
   auto in = Base();
   in.file_entries = {{"comand", "x", 7}};
   in.cli_sets = {{"stop-timout", "3s"}};
@@ -343,7 +343,7 @@ TEST_CASE("config file: a BOM is skipped, a directory is an error, lines are quo
 namespace spotvisor {
 namespace {
 
-TEST_CASE("sync-alert-after: 3 x sync-interval unless set; 0 switches it off; not shorter than one interval") {
+TEST_CASE("sync-alert-after: 3 x sync-interval unless set, 0 switches it off, not shorter than one interval") {
   auto in = Base();
   in.instance_attributes["spotvisor-bucket"] = "gs://ckpt-bucket/p";
   auto r = ResolveConfig(in);

@@ -164,7 +164,7 @@ TEST_CASE("a metadata read carries the caller's deadline and cancellation", "[me
 namespace spotvisor {
 namespace {
 
-TEST_CASE("a path with its own query gets the long-poll's parameters after &; a 503's body is quoted in the error") {
+TEST_CASE("a path with its own query gets the long-poll's parameters after &, a 503's body is quoted in the error") {
   std::vector<std::string> urls;
   auto c = Client(200, "NONE", &urls);
   REQUIRE(c->Watch("instance/upcoming-maintenance?alt=json", "0", std::chrono::seconds(5)).ok());

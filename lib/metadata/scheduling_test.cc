@@ -9,7 +9,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST_CASE("GCE's limits from instance/scheduling/, in either spelling and any duration form; junk is ignored") {
+TEST_CASE("GCE's limits from instance/scheduling/, in either spelling and any duration form, junk is ignored") {
   auto l = ReadGceLimits({{"preemptionNoticeDuration", "120s"}, {"maxRunDuration", R"({"seconds":"86400","nanos":0})"},
                           {"terminationTime", "2026-11-25T10:00:00Z"}, {"onHostMaintenance", "TERMINATE"}});
   CHECK(l.preemption_notice == 120s);
@@ -27,7 +27,7 @@ TEST_CASE("GCE's limits from instance/scheduling/, in either spelling and any du
   CHECK_FALSE(ReadGceLimits({}).max_run_duration);
 }
 
-TEST_CASE("GCE's end is the earlier limit; max-runtime must stop the trainer a stop budget before it") {
+TEST_CASE("GCE's end is the earlier limit, max-runtime must stop the trainer a stop budget before it") {
   auto boot = *ParseRfc3339("2026-11-24T10:00:00Z");
   GceLimits l;
   l.max_run_duration = 24h;

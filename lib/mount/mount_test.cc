@@ -48,7 +48,7 @@ TEST_CASE("mount options: flags become mount(2) flags, the rest the data string"
   CHECK(ParseMountOptions("").ok());
 }
 
-TEST_CASE("device names: by-id candidates in order; /dev paths as given") {
+TEST_CASE("device names: by-id candidates in order, /dev paths as given") {
   auto c = DeviceCandidates("data", "/d");
   REQUIRE(c.size() >= 2);
   CHECK(c[0] == "/d/google-data");

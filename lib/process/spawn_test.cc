@@ -221,7 +221,7 @@ TEST_CASE("each way of closing inherited fds closes all but the error pipe") {
 const char* kPrintPdeathsig =
     "import ctypes; s = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(s)); print(s.value)";
 
-TEST_CASE("a child spawned on the main thread dies with spotvisor (SIGKILL); one from a worker thread does not") {
+TEST_CASE("a child spawned on the main thread dies with spotvisor (SIGKILL), one from a worker thread does not") {
   CHECK(Run({"/usr/bin/python3", "-c", kPrintPdeathsig}) == "9\n");
   std::string from_worker;
   std::thread([&] { from_worker = Run({"/usr/bin/python3", "-c", kPrintPdeathsig}); }).join();

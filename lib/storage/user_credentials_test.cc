@@ -137,7 +137,7 @@ TEST_CASE("where ADC is found: the variable, else gcloud's file under CLOUDSDK_C
   }
 }
 
-TEST_CASE("--access-token-command: its trimmed output is the token; a failure or junk is an error") {
+TEST_CASE("a token command (--access-token-command): its trimmed output is the token, a failure or junk is an error") {
   FakeClock clock;
   CHECK(MakeCommandTokenProvider("printf ' tok-9\\n'", clock)->AuthorizationHeader().value() == "Bearer tok-9");
   auto failed = MakeCommandTokenProvider("exit 3", clock)->AuthorizationHeader();

@@ -10,7 +10,7 @@ using namespace std::chrono_literals;
 const SteadyTime t0 = SteadyTime{} + 1000h;
 const WallTime w0 = *ParseRfc3339("2026-11-24T10:00:00Z");
 
-TEST_CASE("RFC 3339 times: what we write reads back; anything else is refused, never thrown on") {
+TEST_CASE("RFC 3339 times: what we write reads back, anything else is refused, never thrown on") {
   auto t = WallTime(std::chrono::duration_cast<WallTime::duration>(std::chrono::nanoseconds(1'790'000'000'123'456'789)));
   CHECK(ParseRfc3339(FormatRfc3339(t)) == t);
   CHECK(ParseRfc3339("2026-11-24T10:00:00Z") == ParseRfc3339("2026-11-24T11:30:00+01:30"));
@@ -98,7 +98,7 @@ TEST_CASE("the stall names a sync that has been running too long, else the last 
   CHECK(d3.cause().find("no sync has caught up") != std::string::npos);
 }
 
-TEST_CASE("the durability block: the commit's age from its own time, never negative; what is at risk") {
+TEST_CASE("the durability block: the commit's age from its own time, never negative, what is at risk") {
   DurabilityTracker d(30min);
   d.CaughtUp(t0, w0);
   CommittedView c;

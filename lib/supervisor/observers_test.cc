@@ -84,7 +84,7 @@ TEST_CASE("the systemd summary reads a last sync of any shape without throwing")
   CHECK(SystemdObserver::Summary(v) == "running; trainer pid 42; last sync FAILED at ");
 }
 
-TEST_CASE("status.json carries the phase, the state and the deadline; a write failure is logged once") {
+TEST_CASE("status.json carries the phase, the state and the deadline, a write failure is logged once") {
   FakeClock clock;
   Logger logger(clock);
   auto sink = std::make_unique<RecordingSink>();

@@ -74,7 +74,7 @@ TEST_CASE("a trainer that completes ends the run as completed and runs on-exit o
   CHECK(h.machine.phase() == Phase::kDone);
 }
 
-TEST_CASE("the trainer's exit code is passed through; a signal death becomes 128+N") {
+TEST_CASE("the trainer's exit code is passed through, a signal death becomes 128+N") {
   Harness h;
   h.StartRunning();
   h.On(TrainerExited{100, 0, SIGSEGV});
@@ -130,7 +130,7 @@ TEST_CASE("already preempted at startup: the trainer is never started") {
   CHECK(h.Logged("preemption.detected"));
 }
 
-TEST_CASE("TERMINATE maintenance stops the trainer; MIGRATE is only logged") {
+TEST_CASE("TERMINATE maintenance stops the trainer, MIGRATE is only logged") {
   Harness h;
   h.StartRunning();
   CHECK(h.On(MaintenanceNotice{"MIGRATE_ON_HOST_MAINTENANCE"}).empty());
@@ -190,7 +190,7 @@ TEST_CASE("on-exit none exits without running anything") {
   CHECK(Only<ExitProcess>(h.On(LeftoversGone{})).code == 3);
 }
 
-TEST_CASE("a shutdown command that hangs times out into the power-off ladder; a stop signal while finishing exits at once") {
+TEST_CASE("a shutdown command that hangs times out into the power-off ladder, a stop signal while finishing exits at once") {
   Harness h;
   h.StartRunning();
   h.On(TrainerExited{100, 0, 0});
@@ -328,7 +328,7 @@ TEST_CASE("preempted while restoring: the trainer is not started afterwards") {
   CHECK(h.machine.exit_code() == 75);
 }
 
-TEST_CASE("preemption: the final sync runs without DONE; a failed trainer gets no DONE either") {
+TEST_CASE("preemption: the final sync runs without DONE, a failed trainer gets no DONE either") {
   Harness h(SyncOptions());
   h.On(StartEvent{});
   h.On(RestoreDone{});
@@ -519,7 +519,7 @@ TEST_CASE("a maintenance notice with a lead: sync now, stop the trainer at the l
 namespace spotvisor {
 namespace {
 
-TEST_CASE("on-failure-hold: a failed run holds before on-exit; release or the deadline ends it") {
+TEST_CASE("on-failure-hold: a failed run holds before on-exit, release or the deadline ends it") {
   auto o = Harness::Options();
   o.on_failure_hold = 30min;
   Harness h(o);
@@ -650,7 +650,7 @@ TEST_CASE("a mount failure with on-failure-hold keeps the mounts during the hold
   Only<RunOnExit>(h.On(UnmountsDone{}));
 }
 
-TEST_CASE("preempted or stopped while mounting: no trainer; unmount, no on-exit") {
+TEST_CASE("preempted or stopped while mounting: no trainer, unmount, no on-exit") {
   {
     Harness h(MountOptions());
     h.On(StartEvent{});
@@ -668,7 +668,7 @@ TEST_CASE("preempted or stopped while mounting: no trainer; unmount, no on-exit"
   }
 }
 
-TEST_CASE("mounting past its deadline is cancelled; a worker that never returns does not hang the run") {
+TEST_CASE("mounting past its deadline is cancelled, a worker that never returns does not hang the run") {
   Harness h(MountOptions());
   h.On(StartEvent{});
   Only<CancelMounts>(h.Advance(120s));
@@ -823,7 +823,7 @@ TEST_CASE("a crash while spotvisor is being stopped or preempted is not restarte
   CHECK(h.machine.restarts() == 0);
 }
 
-TEST_CASE("Ending(): not for a crash that may restart or a failure that will hold; yes once stopping") {
+TEST_CASE("Ending(): not for a crash that may restart or a failure that will hold, yes once stopping") {
   auto o = Harness::Options();
   o.on_failure_hold = 10min;
   Harness h(o);
@@ -875,7 +875,7 @@ TEST_CASE("on-exit that hangs: abandoned at half the budget, shutdown-command re
   CHECK(h.now - SteadyTime{std::chrono::seconds(1000)} <= 60s);  // all within on-exit-timeout
 }
 
-TEST_CASE("a failed on-exit powers off with shutdown-command; its success ends the run") {
+TEST_CASE("a failed on-exit powers off with shutdown-command, its success ends the run") {
   Harness h;
   h.StartRunning();
   h.On(TrainerExited{100, 1, 0});
@@ -885,7 +885,7 @@ TEST_CASE("a failed on-exit powers off with shutdown-command; its success ends t
   CHECK_FALSE(h.Logged("shutdown.forced"));
 }
 
-TEST_CASE("a stop while restoring cancels the restore; while mounting, the mounts") {
+TEST_CASE("a stop while restoring cancels the restore, while mounting, the mounts") {
   SECTION("restoring") {
     auto o = Harness::Options();
     o.sync = true;
@@ -917,7 +917,7 @@ TEST_CASE("a stop while restoring cancels the restore; while mounting, the mount
   }
 }
 
-TEST_CASE("a second stop signal during the final sync ends it now; the first does not") {
+TEST_CASE("a second stop signal during the final sync ends it now, the first does not") {
   auto o = Harness::Options();
   o.sync = true;
   Harness h(o);
@@ -1168,7 +1168,7 @@ TEST_CASE("a stall outside the running state changes nothing (the run is ending,
 namespace spotvisor {
 namespace {
 
-TEST_CASE("upcoming-maintenance's window: sync now, stop at the window's stop time; cleared, the stop is cancelled") {
+TEST_CASE("upcoming-maintenance's window: sync now, stop at the window's stop time, cleared, the stop is cancelled") {
   Harness h(SyncOptions());
   h.On(StartEvent{});
   h.On(RestoreDone{});

@@ -229,7 +229,7 @@ TEST_CASE("sync, reboot, restore: the bytes come back identical") {
   CHECK(s->files_uploaded == 0);
 }
 
-TEST_CASE("incremental: unchanged files are never uploaded twice; the old version is deleted after commit") {
+TEST_CASE("incremental: unchanged files are never uploaded twice, the old version is deleted after commit") {
   Dirs d;
   FakeClock clock;
   Write(d.ckpt + "/a", "a1");
@@ -536,7 +536,7 @@ TEST_CASE("garbage collection spares objects of later sequences (another VM buil
   CHECK(std::count(objects.begin(), objects.end(), "m~1.0000000000000000") == 0);
 }
 
-TEST_CASE("the completion marker: a tree newer than its marker is mid-save; touched, it syncs at once") {
+TEST_CASE("the completion marker: a tree newer than its marker is mid-save, touched, it syncs at once") {
   Dirs d;
   FakeClock clock;
   ClockSleeper sleeper(clock);
@@ -738,7 +738,7 @@ TEST_CASE("a file open for writing is never complete by the marker or by a zero 
   }
 }
 
-TEST_CASE("names the store cannot hold are skipped with one warning; the rest is committed") {
+TEST_CASE("names the store cannot hold are skipped with one warning, the rest is committed") {
   Dirs d;
   FakeClock clock;
   auto e = Engine(d, clock);
@@ -1071,7 +1071,7 @@ TEST_CASE("a commit that landed after spotvisor died is recognised as this disk'
   CHECK(Read(d.ckpt + "/latest.ckpt") == "step 3, newer than the bucket");
 }
 
-TEST_CASE("DONE collects every object the final manifest does not name; an empty dir is never committed") {
+TEST_CASE("DONE collects every object the final manifest does not name, an empty dir is never committed") {
   Dirs d;
   FakeClock clock;
   auto e = Engine(d, clock);
@@ -1181,7 +1181,7 @@ TEST_CASE("once a run's trainer used the marker, every later manifest says so, a
 namespace spotvisor {
 namespace {
 
-TEST_CASE("Committed() and committed.json say what the bucket holds; Uncommitted() what it does not yet") {
+TEST_CASE("Committed() and committed.json say what the bucket holds, Uncommitted() what it does not yet") {
   Dirs d;
   FakeClock clock;
   Write(d.ckpt + "/model.ckpt", std::string(1000, 'm'));

@@ -115,6 +115,31 @@ class LaptopCommandsTest(SpotvisorTestCase):
         self.assertEqual(self.cli("pull", "not-a-url").returncode, 64)
         self.assertEqual(self.cli("pull", "--sequence", "zero", f"gs://{self.BUCKET}/exp/run2").returncode, 64)
 
+    def test_gc_lists_by_default_and_deletes_only_when_asked_never_a_running_run(self):
+        self.two_runs()  # run1 finished first, run2 later
+        self.gcs.put_object(self.BUCKET, "exp/live/status.json",
+                            json.dumps({"state": "running", "time": "2020-01-01T00:00:00Z"}).encode())
+        before = {o["name"] for o in self.gcs.objects(self.BUCKET, "exp/")}
+        dry = self.cli("gc", "--keep", "1", f"gs://{self.BUCKET}/exp")
+        self.assertEqual(dry.returncode, 0, dry.stderr)
+        self.assertRegex(dry.stdout, r"would delete run1 \(done, last \S+\): \d+ object\(s\)")
+        self.assertRegex(dry.stdout, r"keep\s+run2")
+        self.assertRegex(dry.stdout, r"keep\s+live: its VM says it is running")
+        self.assertIn("dry run: 1 run(s)", dry.stdout)
+        self.assertEqual({o["name"] for o in self.gcs.objects(self.BUCKET, "exp/")}, before)
+        none = self.cli("gc", "--older-than", "1h", f"gs://{self.BUCKET}/exp")
+        self.assertIn("dry run: 0 run(s)", none.stdout)
+        done = self.cli("gc", "--keep", "1", "--delete", f"gs://{self.BUCKET}/exp")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        left = {o["name"] for o in self.gcs.objects(self.BUCKET, "exp/")}
+        self.assertFalse([n for n in left if n.startswith("exp/run1/")])
+        self.assertEqual(left, {n for n in before if not n.startswith("exp/run1/")})
+        listed = self.cli("runs", f"gs://{self.BUCKET}/exp").stdout
+        self.assertNotIn("run1", listed)
+        self.assertIn("run2", listed)
+        self.assertEqual(self.cli("gc", f"gs://{self.BUCKET}/exp").returncode, 64)
+        self.assertEqual(self.cli("gc", "--keep", "x", f"gs://{self.BUCKET}/exp").returncode, 64)
+
     def put_run(self):
         manifest = {"version": 2, "run_id": "r7", "sequence": 3, "instance": "vm-7", "commit_id": "c" * 32,
                     "committed_at": "2026-11-24T10:00:00.000000000Z", "marker": False, "files": []}
@@ -191,6 +216,7 @@ class LaptopCredentialsTest(LaptopCommandsTest):
     # The spotvisor-written runs need the emulator: covered by LaptopCommandsTest.
     test_runs_lists_each_run_with_how_it_ended = None
     test_pull_brings_the_newest_commit_back_under_the_trainers_names_and_resumes = None
+    test_gc_lists_by_default_and_deletes_only_when_asked_never_a_running_run = None
 
 
 if __name__ == "__main__":
