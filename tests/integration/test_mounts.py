@@ -14,7 +14,7 @@ import sys
 import unittest
 import uuid
 
-from harness import SpotvisorTestCase, wait_until, pid_alive, WAIT
+from harness import SpotvisorTestCase, SPOTVISOR, wait_until, pid_alive, WAIT
 
 BY_ID = "/dev/disk/by-id"
 RCLONE = shutil.which("rclone")
@@ -419,6 +419,19 @@ class BucketMountTest(MountTestCase):
         obj = manifest["files"][0]["object"]
         self.assertEqual(self.gcs.get_object_bytes(self.BUCKET, "exp/run1/" + obj), b"weights-1\n")
         self.assertFalse([n for n in names if ".tmp" in n], f"no temporary objects left: {names}")
+        # A person's view of what rclone wrote: `runs` and `pull` read it like any run.
+        env = dict(os.environ, **self.gcs_env)
+        listed = subprocess.run([SPOTVISOR, "runs", "--json", f"gs://{self.BUCKET}/exp"], capture_output=True, text=True,
+                                env=env, timeout=60)
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        [run1] = json.loads(listed.stdout)
+        self.assertEqual((run1["run_id"], run1["state"], run1["exit_code"], run1["sequence"]),
+                         ("run1", "failed", 3, manifest["sequence"]))
+        pulled = subprocess.run([SPOTVISOR, "pull", f"gs://{self.BUCKET}/exp/run1", self.path("pulled")],
+                                capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual(pulled.returncode, 0, pulled.stderr)
+        with open(self.path("pulled/model.pt"), "rb") as f:
+            self.assertEqual(f.read(), b"weights-1\n")
         # A new VM restores through the mount, then through the API: the same layout.
         # (The first fails on purpose, so that it writes no DONE.)
         for via, code in (("mount", 4), ("api", 0)):
