@@ -530,13 +530,15 @@ void Supervisor::StartUnmounts() {
 static bool Training(Phase p) { return p == Phase::kRunning || p == Phase::kRestarting; }
 
 void Supervisor::CountUncommitted(std::function<void()> then) {
-  if (counting_) return;  // the one in flight reports soon enough
-  counting_ = true;
+  // One scan at a time; whoever asks meanwhile gets its result too.
+  count_waiters_.push_back(std::move(then));
+  if (count_waiters_.size() > 1) return;
   auto engine = options_.sync;
-  pool_.Post([this, engine, then = std::move(then)] {
+  pool_.Post([this, engine] {
     auto u = engine->Uncommitted();
-    asio::post(io_, [this, u = std::move(u), then] {
-      counting_ = false;
+    asio::post(io_, [this, u = std::move(u)] {
+      auto waiters = std::move(count_waiters_);
+      count_waiters_.clear();
       if (exited_) return;
       if (u.ok()) {
         uncommitted_ = *u;
@@ -544,7 +546,7 @@ void Supervisor::CountUncommitted(std::function<void()> then) {
       } else {
         logger_.Warn("checkpoint.count_failed", "cannot count what is not committed yet: " + u.status().message());
       }
-      then();
+      for (auto& w : waiters) w();
     });
   });
 }

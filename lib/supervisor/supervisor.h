@@ -153,7 +153,8 @@ class Supervisor {
   void PublishRunStatus(nlohmann::json fields);
   bool maintenance_known_ = false;  // a maintenance.scheduled is in force
   bool stall_stop_pending_ = false;  // sync-stall-action = stop came while the trainer was restarting
-  bool counting_ = false;  // a count of what is not committed is in flight
+  // Callers waiting for the count of what is not committed (one scan in flight at a time).
+  std::vector<std::function<void()>> count_waiters_;
   LogEvent last_status_event_;  // what status.json's last_event says
   std::vector<std::unique_ptr<RunObserver>> observers_;
   std::unique_ptr<ActivitySampler> sampler_;

@@ -406,6 +406,10 @@ class Vm:
         self.state = os.path.join(self.dir, "state")
         self.busy = False
         self.boots = 0
+        # Another VM's commit fenced this one off: what its disk holds since
+        # is a branch the run abandoned (docs/checkpoints.md), not work a
+        # restart must keep.
+        self.fenced = False
         os.makedirs(self.dir)
 
 
@@ -645,7 +649,7 @@ class Run:
         vm = l.vm
         if l.plan["vm"] == "same" and vm.boots:
             self.stats["same-VM restarts"] += 1
-            l.local_complete = self.local_complete(vm)
+            l.local_complete = None if vm.fenced else self.local_complete(vm)
         vm.boots += 1
         committed = self.watcher.check()
         l.committed_at_launch = committed.step if committed else None
@@ -896,6 +900,9 @@ class Run:
             self.stats["restores"] += 1
         if p.find("run.already_done"):
             self.stats["boots that found DONE"] += 1
+        # Only this boot decides: a later boot that restored and committed
+        # makes the disk's work the run's again.
+        l.vm.fenced = bool(p.find("sync.fenced")) and not single
         for e in p.find("sync.fenced"):
             if single:
                 self.violation("sync-failed", f"{name}: fenced though alone on the run-id: {e.get('message')}")
@@ -935,7 +942,9 @@ class Run:
 
     def check_resume(self, l, log):
         """(4) the trainer never starts from a state older than the newest
-        committed one, nor older than a newer complete state on its own disk."""
+        committed one, nor older than a newer complete state on its own disk
+        (unless another VM's commit had fenced this VM off: its work since is
+        the branch the run abandoned)."""
         start = [e for e in log if e["ev"] in ("resume", "fresh")]
         if not start:
             return
