@@ -1,7 +1,7 @@
 // The spotvisor command line: argument parsing and help only; everything it
 // does lives in lib/.
-#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include "app/runs_command.h"
 #include "app/status_command.h"
 #include "common/duration.h"
+#include "common/strings.h"
 #include "config/config_file.h"
 #include "config/keys.h"
 #include "sync/sync_engine.h"
@@ -281,23 +282,19 @@ int Parse(int argc, char** argv, Args& a) {
     } else if (flag == "--storage-endpoint") {
       a.remote.storage_endpoint = value;
     } else if (flag == "--keep") {
-      char* end = nullptr;
-      errno = 0;
-      long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || errno != 0 || n < 0 || n > 1'000'000) {
-        return Usage("--keep: \"" + value + "\" is not a number of runs (0, 1, ...)");
-      }
-      a.keep = static_cast<int>(n);
+      auto n = spotvisor::ParseUint64(value);
+      if (!n || *n > 1'000'000) return Usage("--keep: \"" + value + "\" is not a number of runs (0, 1, ...)");
+      a.keep = static_cast<int>(*n);
     } else if (flag == "--older-than") {
       auto d = spotvisor::ParseDuration(value);
       if (!d.ok()) return Usage("--older-than: " + d.status().message());
       a.older_than = *d;
     } else if (flag == "--sequence") {
-      char* end = nullptr;
-      errno = 0;
-      long long n = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || errno != 0 || n < 1) return Usage("--sequence: \"" + value + "\" is not a commit number (1, 2, ...)");
-      a.sequence = n;
+      auto n = spotvisor::ParseUint64(value);
+      if (!n || *n < 1 || *n > static_cast<std::uint64_t>(INT64_MAX)) {
+        return Usage("--sequence: \"" + value + "\" is not a commit number (1, 2, ...)");
+      }
+      a.sequence = static_cast<std::int64_t>(*n);
     } else if (flag == "--timeout") {
       auto d = spotvisor::ParseDuration(value);
       if (!d.ok()) return Usage("--timeout: " + d.status().message());

@@ -53,6 +53,25 @@ StatusOr<std::unique_ptr<TokenProvider>> Credentials(const RemoteOptions& o, boo
 }
 
 // A read-only view of URL (gs://BUCKET/PREFIX or file:///PATH), rooted at its prefix.
+StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& url, const RemoteOptions& o);
+
+// OpenStore for `command`: a bad URL is a usage error (64), missing
+// credentials a failure (1); either is said on stderr. Null with `rc` set.
+std::unique_ptr<ObjectStore> OpenFor(const char* command, const std::string& url, const RemoteOptions& o, int& rc) {
+  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
+    std::fprintf(stderr, "spotvisor %s: %s\n", command, loc.status().message().c_str());
+    rc = kExitUsage;
+    return nullptr;
+  }
+  auto store = OpenStore(url, o);
+  if (!store.ok()) {
+    std::fprintf(stderr, "spotvisor %s: %s\n", command, store.status().message().c_str());
+    rc = 1;
+    return nullptr;
+  }
+  return std::move(*store);
+}
+
 StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& url, const RemoteOptions& o) {
   auto loc = ParseStoreLocation(url);
   if (!loc.ok()) return loc.status();
@@ -166,16 +185,10 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
 }  // namespace
 
 int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
-  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
-    std::fprintf(stderr, "spotvisor runs: %s\n", loc.status().message().c_str());
-    return kExitUsage;
-  }
-  auto store = OpenStore(url, o);
-  if (!store.ok()) {
-    std::fprintf(stderr, "spotvisor runs: %s\n", store.status().message().c_str());
-    return 1;
-  }
-  auto collected = CollectRuns(**store, url);
+  int rc = 0;
+  auto store = OpenFor("runs", url, o, rc);
+  if (!store) return rc;
+  auto collected = CollectRuns(*store, url);
   if (!collected.ok()) {
     std::fprintf(stderr, "spotvisor runs: %s\n", collected.status().message().c_str());
     return 1;
@@ -230,16 +243,10 @@ int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::c
     std::fprintf(stderr, "spotvisor gc: say which runs: --keep N and/or --older-than DURATION\n");
     return kExitUsage;
   }
-  if (auto loc = ParseStoreLocation(url); !loc.ok()) {
-    std::fprintf(stderr, "spotvisor gc: %s\n", loc.status().message().c_str());
-    return kExitUsage;
-  }
-  auto store = OpenStore(url, o);
-  if (!store.ok()) {
-    std::fprintf(stderr, "spotvisor gc: %s\n", store.status().message().c_str());
-    return 1;
-  }
-  auto collected = CollectRuns(**store, url);
+  int rc = 0;
+  auto store = OpenFor("gc", url, o, rc);
+  if (!store) return rc;
+  auto collected = CollectRuns(*store, url);
   if (!collected.ok()) {
     std::fprintf(stderr, "spotvisor gc: %s\n", collected.status().message().c_str());
     return 1;
@@ -303,7 +310,7 @@ int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::c
       return rankof(x) < rankof(y);
     });
     for (auto const& obj : objects_in_order) {
-      auto s = (*store)->Delete(obj.name, Precondition{obj.generation}, Background());
+      auto s = store->Delete(obj.name, Precondition{obj.generation}, Background());
       if (s.ok() || s.code() == StatusCode::kNotFound) {
         ++deleted;
         continue;
@@ -331,17 +338,15 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
                  Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
     return kExitUsage;
   }
-  auto store = OpenStore(u, o);
-  if (!store.ok()) {
-    std::fprintf(stderr, "spotvisor pull: %s\n", store.status().message().c_str());
-    return 1;
-  }
+  int rc = 0;
+  auto store = OpenFor("pull", u, o, rc);
+  if (!store) return rc;
   std::string dir = dir_in.empty() ? "./" + run_id : dir_in;
   SyncOptions so;
   so.checkpoint_dir = dir;
   so.run_id = run_id;
   so.parallelism = o.parallelism;
-  SyncEngine engine(std::move(*store), so, TheClock());
+  SyncEngine engine(std::move(store), so, TheClock());
   auto r = engine.Pull(sequence, Background());
   if (!r.ok()) {
     std::fprintf(stderr, "spotvisor pull: %s\n", r.status().message().c_str());

@@ -23,5 +23,9 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
 // A plain decimal number (digits only, no sign, no spaces) that fits in 64
 // bits; nullopt otherwise. For numbers that come from outside.
 std::optional<std::uint64_t> ParseUint64(std::string_view s);
+// Percent-encodes everything but unreserved characters (RFC 3986: letters,
+// digits, "-._~"); '/' becomes %2F. For URL path segments, query values and
+// form bodies.
+std::string UrlEncode(std::string_view s);
 
 }  // namespace spotvisor

@@ -5,7 +5,7 @@
 
 #include "output/utf8.h"
 #include "retry/retry_loop.h"
-#include "storage/gcs_object_store.h"
+#include "common/strings.h"
 
 namespace spotvisor {
 namespace {

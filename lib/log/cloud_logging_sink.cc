@@ -9,7 +9,7 @@
 #include "common/random.h"
 #include "retry/backoff_policy.h"
 #include "retry/retry_loop.h"
-#include "storage/gcs_object_store.h"
+#include "common/strings.h"
 
 namespace spotvisor {
 

@@ -13,17 +13,6 @@
 namespace spotvisor {
 namespace {
 
-std::string PercentEncode(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
-  return out;
-}
 
 class MetadataClientImpl final : public MetadataClient {
  public:
@@ -53,7 +42,7 @@ class MetadataClientImpl final : public MetadataClient {
     // Escaped: an ETag is whatever the server sent, and one with a space or
     // '&' in it would make every later URL malformed (the ETag only
     // advances on success, so the watcher would never recover).
-    if (!last_etag.empty()) query += "&last_etag=" + PercentEncode(last_etag);
+    if (!last_etag.empty()) query += "&last_etag=" + UrlEncode(last_etag);
     return Fetch(*http_, path, query, LongPollHttpTimeout(timeout));
   }
 

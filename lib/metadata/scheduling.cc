@@ -16,13 +16,16 @@ const std::string* Find(const std::map<std::string, std::string>& m, const char*
   return nullptr;
 }
 
-bool AllDigits(std::string_view s) {
-  return !s.empty() && s.size() <= 12 && s.find_first_not_of("0123456789") == std::string_view::npos;
+// Whole seconds, at most ~30,000 years' worth: a duration, not a wrap.
+std::optional<std::chrono::milliseconds> Seconds(std::string_view s) {
+  auto n = ParseUint64(s);
+  if (!n || *n == 0 || *n > 1'000'000'000'000ull) return std::nullopt;
+  return std::chrono::seconds(static_cast<std::int64_t>(*n));
 }
 
 std::optional<std::chrono::milliseconds> ParseGceDuration(const std::string& raw) {
   auto text = Trim(raw);
-  if (AllDigits(text)) return std::chrono::seconds(std::stoll(std::string(text)));
+  if (ParseUint64(text)) return Seconds(text);
   if (auto d = ParseDuration(text); d.ok() && d->count() > 0) return *d;
   // compute v1 Duration: {"seconds": "120", "nanos": 0}
   auto j = nlohmann::json::parse(text, nullptr, false);
@@ -31,9 +34,7 @@ std::optional<std::chrono::milliseconds> ParseGceDuration(const std::string& raw
     if (it != j.end() && it->is_number_integer() && it->get<long long>() > 0 && it->get<long long>() < 1'000'000'000'000) {
       return std::chrono::seconds(it->get<long long>());
     }
-    if (it != j.end() && it->is_string() && AllDigits(it->get<std::string>())) {
-      return std::chrono::seconds(std::stoll(it->get<std::string>()));
-    }
+    if (it != j.end() && it->is_string()) return Seconds(it->get<std::string>());
   }
   return std::nullopt;
 }

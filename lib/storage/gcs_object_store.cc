@@ -561,17 +561,6 @@ class GcsObjectStore final : public ObjectStore {
 
 }  // namespace
 
-std::string UrlEncode(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
-  return out;
-}
 
 std::string StorageEndpoint(const std::string& configured, bool& auth) {
   const char* emu = std::getenv("STORAGE_EMULATOR_HOST");

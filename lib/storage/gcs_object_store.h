@@ -47,7 +47,5 @@ std::string StorageEndpoint(const std::string& configured, bool& auth);
 
 std::unique_ptr<ObjectStore> MakeGcsObjectStore(GcsOptions options, std::unique_ptr<TokenProvider> tokens);
 
-// Percent-encodes everything but unreserved characters ('/' becomes %2F).
-std::string UrlEncode(std::string_view s);
 
 }  // namespace spotvisor

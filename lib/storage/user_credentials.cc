@@ -26,19 +26,6 @@ namespace {
 using Json = nlohmann::json;
 constexpr char kGoogleTokenUri[] = "https://oauth2.googleapis.com/token";
 
-// Form encoding for application/x-www-form-urlencoded bodies.
-std::string FormEncode(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
-  return out;
-}
-
 // Runs /bin/sh -c `command`, collecting stdout (at most 64 KiB) within `timeout`.
 StatusOr<std::string> RunForOutput(const std::string& command, std::chrono::milliseconds timeout) {
   int fds[2];
@@ -103,7 +90,7 @@ class CommandTokens final : public TokenProvider {
     std::lock_guard lk(mu_);
     if (!header_.empty() && clock_.Now() < refresh_at_) return header_;
     if (auto c = ctx.Check("getting an access token"); !c.ok()) return c;
-    auto out = RunForOutput(command_, timeout_);
+    auto out = RunForOutput(command_, ctx.Remaining(timeout_));
     if (!out.ok()) return out.status();
     auto token = std::string(Trim(*out));
     // One line of token characters; anything else (an error message, a
@@ -148,8 +135,8 @@ class AuthorizedUserTokens final : public TokenProvider {
     req.method = "POST";
     req.url = token_uri_;
     req.headers = {{"Content-Type", "application/x-www-form-urlencoded"}};
-    req.body = "grant_type=refresh_token&client_id=" + FormEncode(client_id_) + "&client_secret=" +
-               FormEncode(client_secret_) + "&refresh_token=" + FormEncode(refresh_token_);
+    req.body = "grant_type=refresh_token&client_id=" + UrlEncode(client_id_) + "&client_secret=" +
+               UrlEncode(client_secret_) + "&refresh_token=" + UrlEncode(refresh_token_);
     req.timeout = ctx.Remaining(std::chrono::seconds(30));
     if (auto c = ctx.Check("getting an access token"); !c.ok()) return c;
     auto r = http_->Perform(req);

@@ -3,6 +3,7 @@
 Tests wait on conditions (an event logged, a process gone) with a bound,
 never on fixed sleeps.
 """
+import datetime
 import json
 import os
 import shutil
@@ -21,6 +22,12 @@ from fake_metadata import FakeMetadataServer  # noqa: E402
 SPOTVISOR = os.environ.get("SPOTVISOR_BIN", os.path.join(ROOT, "build", "daemon", "spotvisor"))
 FAKE_TRAINER = os.environ.get("FAKE_TRAINER_BIN", os.path.join(ROOT, "build", "tests", "fake_trainer"))
 WAIT = 20.0  # generous bound for any single condition; only failures hit it
+
+
+def rfc3339(seconds_from_now):
+    """An RFC 3339 UTC time that far from now (what GCE's metadata server writes)."""
+    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds_from_now)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def wait_until(predicate, timeout=WAIT, what="condition"):

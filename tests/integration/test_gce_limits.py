@@ -2,15 +2,9 @@
 notice plus the window, from preemption-notice or from instance/scheduling/;
 --termination-time / --max-run-duration there make spotvisor say which
 max-runtime lets the trainer stop with a save first."""
-import datetime
 import unittest
 
-from harness import SpotvisorTestCase
-
-
-def rfc3339(seconds_from_now):
-    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds_from_now)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+from harness import SpotvisorTestCase, rfc3339
 
 
 class GceLimitsTest(SpotvisorTestCase):

@@ -1,20 +1,15 @@
 """instance/upcoming-maintenance (issue #14): every way a server says nothing
 is scheduled is quiet; a window for a maintenance that will stop the VM makes
 spotvisor sync at once and stop the trainer maintenance-stop-before it."""
-import datetime
 import json
 import os
 import time
 import unittest
 
-from harness import SpotvisorTestCase, wait_until
+from harness import SpotvisorTestCase, rfc3339, wait_until
 
 PATH = "instance/upcoming-maintenance"
 
-
-def rfc3339(seconds_from_now):
-    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=seconds_from_now)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class UpcomingMaintenanceTest(SpotvisorTestCase):
