@@ -145,7 +145,7 @@ const std::map<std::string, std::string> kHelp = {
      "objects, and the instance that committed it. Only reads the bucket. file:///PATH works too.\n"
      "Credentials: --access-token-command (e.g. \"gcloud auth print-access-token\"), else\n"
      "Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, else gcloud's\n"
-     "application_default_credentials.json; authorized_user only for now), else the metadata\n"
+     "application_default_credentials.json: a user login or a service-account key), else the metadata\n"
      "server on a VM. --storage-endpoint URL: a private Cloud Storage endpoint (the config key\n"
      "storage-endpoint); STORAGE_EMULATOR_HOST wins over it and turns authentication off.\n"
      "Tokens are never printed.\n"

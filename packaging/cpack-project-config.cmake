@@ -19,6 +19,8 @@ if(CPACK_GENERATOR STREQUAL "DEB")
   # own version, so `libcurl4 (>= X)` already matches there; the explicit alternative is for
   # readers and for resolvers that ignore versioned Provides.
   string(REGEX REPLACE "(libcurl4 \\([^)]*\\))" "\\1 | libcurl4t64" deps "${deps}")
+  # libssl3 (libcrypto.so.3, for service-account keys) is libssl3t64 there, the same way.
+  string(REGEX REPLACE "(libssl3 \\([^)]*\\))" "\\1 | libssl3t64" deps "${deps}")
   set(CPACK_DEBIAN_PACKAGE_DEPENDS "${deps}")
   message(STATUS "Depends: ${deps}")
 endif()

@@ -54,7 +54,7 @@ powers the VM off when the run is over so that it stops billing.
 The service is enabled on installation but not started: it starts at the
 next boot (typically of an image baked with this package).")
 # Depends is computed when cpack runs, by dpkg-shlibdeps on the built binary (see that file).
-# With SPOTVISOR_PORTABLE the binary links only glibc, libcurl, libsystemd and libblkid
+# With SPOTVISOR_PORTABLE the binary links only glibc, libcurl, libcrypto, libsystemd and libblkid
 # dynamically (tests/package/run.sh checks that list).
 file(GENERATE OUTPUT ${PROJECT_BINARY_DIR}/packaging/spotvisor-binary.cmake
      CONTENT "set(SPOTVISOR_BINARY \"$<TARGET_FILE:spotvisor>\")\n")

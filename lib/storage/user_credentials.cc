@@ -18,7 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/strings.h"
+#include "log/logger.h"
 #include "output/utf8.h"
+#include "storage/service_account.h"
 
 namespace spotvisor {
 namespace {
@@ -81,6 +83,13 @@ StatusOr<std::string> RunForOutput(const std::string& command, std::chrono::mill
   return out;
 }
 
+// An access token as the server sent it goes into a header: one line of
+// token characters, or it is refused (never echoed: it may be a secret).
+bool LooksLikeAccessToken(std::string_view token) {
+  return !token.empty() && token.size() <= 8192 && token.find_first_of(" \t\r\n\"'") == std::string_view::npos &&
+         output::IsValidUtf8(token);
+}
+
 class CommandTokens final : public TokenProvider {
  public:
   CommandTokens(std::string command, const Clock& clock, std::chrono::milliseconds timeout)
@@ -95,8 +104,7 @@ class CommandTokens final : public TokenProvider {
     auto token = std::string(Trim(*out));
     // One line of token characters; anything else (an error message, a
     // prompt) must not be sent as a header.
-    if (token.empty() || token.size() > 4096 ||
-        token.find_first_of(" \t\r\n\"'") != std::string::npos || !output::IsValidUtf8(token)) {
+    if (!LooksLikeAccessToken(token)) {
       return PermissionDeniedError("--access-token-command printed something that is not an access token");
     }
     header_ = "Bearer " + token;
@@ -112,6 +120,49 @@ class CommandTokens final : public TokenProvider {
   std::string header_;
   SteadyTime refresh_at_{};
 };
+
+struct TokenGrant {
+  std::string header;                 // "Bearer TOKEN"
+  std::chrono::seconds expires_in{};  // as the server said, clamped to [0, 24 h]
+};
+
+// One POST of a form to an OAuth 2.0 token endpoint (RFC 6749 section 5).
+// `refused` turns a non-200 answer's `error` code into the message.
+StatusOr<TokenGrant> ExchangeAtTokenEndpoint(HttpClient& http, const std::string& token_uri, std::string form,
+                                             const CallContext& ctx,
+                                             const std::function<Status(int http_status, const std::string& error,
+                                                                        const std::string& description)>& refused) {
+  HttpRequest req;
+  req.method = "POST";
+  req.url = token_uri;
+  req.headers = {{"Content-Type", "application/x-www-form-urlencoded"}};
+  req.body = std::move(form);
+  req.timeout = ctx.Remaining(std::chrono::seconds(30));
+  if (auto c = ctx.Check("getting an access token"); !c.ok()) return c;
+  auto r = http.Perform(req);
+  if (!r.ok()) return Status(r.status().code(), "getting an access token from " + token_uri + ": " + r.status().message());
+  auto j = Json::parse(r->body, nullptr, false);
+  auto str = [&](const char* k) -> std::string {
+    if (!j.is_object()) return "";
+    auto it = j.find(k);
+    return it != j.end() && it->is_string() ? output::EscapeInvalidUtf8(it->get<std::string>().substr(0, 300)) : "";
+  };
+  if (r->status != 200) return refused(r->status, str("error"), str("error_description"));
+  if (!j.is_object() || !j.contains("access_token") || !j["access_token"].is_string() ||
+      !LooksLikeAccessToken(j["access_token"].get<std::string>())) {
+    return UnavailableError(token_uri + ": the answer has no usable access_token");
+  }
+  std::int64_t expires_in = 300;
+  if (auto e = j.find("expires_in"); e != j.end() && e->is_number_integer()) {
+    expires_in = std::clamp<std::int64_t>(e->get<std::int64_t>(), 0, 24 * 3600);
+  }
+  return TokenGrant{"Bearer " + j["access_token"].get<std::string>(), std::chrono::seconds(expires_in)};
+}
+
+// When to ask again: 5 minutes before expiry, or half way for short tokens.
+SteadyTime RefreshAt(SteadyTime now, std::chrono::seconds expires) {
+  return now + std::max(expires - std::chrono::seconds(300), expires / 2);
+}
 
 // gcloud auth application-default login: a refresh token exchanged for
 // access tokens at token_uri (RFC 6749 section 6).
@@ -131,41 +182,90 @@ class AuthorizedUserTokens final : public TokenProvider {
     std::lock_guard lk(mu_);
     auto now = clock_.Now();
     if (!header_.empty() && now < refresh_at_) return header_;
-    HttpRequest req;
-    req.method = "POST";
-    req.url = token_uri_;
-    req.headers = {{"Content-Type", "application/x-www-form-urlencoded"}};
-    req.body = "grant_type=refresh_token&client_id=" + UrlEncode(client_id_) + "&client_secret=" +
-               UrlEncode(client_secret_) + "&refresh_token=" + UrlEncode(refresh_token_);
-    req.timeout = ctx.Remaining(std::chrono::seconds(30));
-    if (auto c = ctx.Check("getting an access token"); !c.ok()) return c;
-    auto r = http_->Perform(req);
-    if (!r.ok()) return Status(r.status().code(), "getting an access token from " + token_uri_ + ": " + r.status().message());
-    auto j = Json::parse(r->body, nullptr, false);
-    if (r->status != 200) {
-      std::string error = j.is_object() && j.contains("error") && j["error"].is_string() ? j["error"].get<std::string>() : "";
-      std::string hint = error == "invalid_grant" || error == "invalid_client"
-                             ? "; the login has expired or was revoked: run `gcloud auth application-default login` again"
-                             : "";
-      return PermissionDeniedError(fmt::format("{} refused the refresh token from {} (HTTP {}{}){}", token_uri_, path_,
-                                               r->status, error.empty() ? "" : ": " + output::EscapeInvalidUtf8(error),
-                                               hint));
-    }
-    if (!j.is_object() || !j.contains("access_token") || !j["access_token"].is_string()) {
-      return UnavailableError(token_uri_ + ": the answer has no access_token");
-    }
-    std::int64_t expires_in = 300;
-    if (auto e = j.find("expires_in"); e != j.end() && e->is_number_integer()) {
-      expires_in = std::clamp<std::int64_t>(e->get<std::int64_t>(), 0, 24 * 3600);
-    }
-    auto expires = std::chrono::seconds(expires_in);
-    refresh_at_ = now + std::max(expires - std::chrono::seconds(300), expires / 2);
-    header_ = "Bearer " + j["access_token"].get<std::string>();
+    auto grant = ExchangeAtTokenEndpoint(
+        *http_, token_uri_,
+        "grant_type=refresh_token&client_id=" + UrlEncode(client_id_) + "&client_secret=" + UrlEncode(client_secret_) +
+            "&refresh_token=" + UrlEncode(refresh_token_),
+        ctx, [&](int status, const std::string& error, const std::string&) {
+          std::string hint = error == "invalid_grant" || error == "invalid_client"
+                                 ? "; the login has expired or was revoked: run `gcloud auth application-default login` again"
+                                 : "";
+          return PermissionDeniedError(fmt::format("{} refused the refresh token from {} (HTTP {}{}){}", token_uri_,
+                                                   path_, status, error.empty() ? "" : ": " + error, hint));
+        });
+    if (!grant.ok()) return grant.status();
+    header_ = grant->header;
+    refresh_at_ = RefreshAt(now, grant->expires_in);
     return header_;
   }
 
  private:
   std::string path_, client_id_, client_secret_, refresh_token_, token_uri_;
+  const Clock& clock_;
+  std::unique_ptr<HttpClient> http_;
+  std::mutex mu_;
+  std::string header_;
+  SteadyTime refresh_at_{};
+};
+
+// A service-account key: a JWT assertion, signed with the key and good for
+// an hour, exchanged at token_uri (RFC 7523; grant type jwt-bearer). The
+// audience is Google's token endpoint whatever token_uri says, as Google
+// documents it ("this value is always https://oauth2.googleapis.com/token").
+class ServiceAccountTokens final : public TokenProvider {
+ public:
+  ServiceAccountTokens(std::string path, std::string email, std::string key_id, std::unique_ptr<RsaSigningKey> key,
+                       std::string token_uri, const Clock& clock, std::unique_ptr<HttpClient> http)
+      : path_(std::move(path)),
+        email_(std::move(email)),
+        key_id_(std::move(key_id)),
+        key_(std::move(key)),
+        token_uri_(std::move(token_uri)),
+        clock_(clock),
+        http_(std::move(http)) {}
+  using TokenProvider::AuthorizationHeader;
+  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override {
+    std::lock_guard lk(mu_);
+    auto now = clock_.Now();
+    if (!header_.empty() && now < refresh_at_) return header_;
+    auto iat = std::chrono::duration_cast<std::chrono::seconds>(clock_.WallNow().time_since_epoch()).count();
+    Json header = {{"alg", "RS256"}, {"typ", "JWT"}};
+    if (!key_id_.empty()) header["kid"] = key_id_;
+    Json claims = {{"iss", email_},
+                   {"scope", kServiceAccountScope},
+                   {"aud", kGoogleTokenUri},
+                   {"iat", iat},
+                   {"exp", iat + 3600}};
+    // Strings from the key file may be anything: dump() must not throw on them.
+    auto jwt = MakeRs256Jwt(*key_, header.dump(-1, ' ', false, Json::error_handler_t::replace),
+                            claims.dump(-1, ' ', false, Json::error_handler_t::replace));
+    if (!jwt.ok()) return jwt.status();
+    auto grant = ExchangeAtTokenEndpoint(
+        *http_, token_uri_, "grant_type=" + UrlEncode(kJwtBearerGrant) + "&assertion=" + UrlEncode(*jwt), ctx,
+        [&](int status, const std::string& error, const std::string& description) {
+          std::string hint;
+          if (error == "invalid_grant") {
+            hint = "; the key may have been deleted or disabled, or this machine's clock is off (it says " +
+                   FormatRfc3339(clock_.WallNow()) + ")";
+          }
+          return PermissionDeniedError(fmt::format("{} refused the service-account key {} for {} (HTTP {}{}{}){}",
+                                                   token_uri_, path_, output::EscapeInvalidUtf8(email_), status,
+                                                   error.empty() ? "" : ": " + error,
+                                                   description.empty() ? "" : ": " + description, hint));
+        });
+    if (!grant.ok()) return grant.status();
+    header_ = grant->header;
+    refresh_at_ = RefreshAt(now, grant->expires_in);
+    return header_;
+  }
+
+ private:
+  static constexpr char kJwtBearerGrant[] = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+  // What the laptop commands do: list, read and (gc --delete) delete objects.
+  static constexpr char kServiceAccountScope[] = "https://www.googleapis.com/auth/devstorage.read_write";
+  std::string path_, email_, key_id_;
+  std::unique_ptr<RsaSigningKey> key_;
+  std::string token_uri_;
   const Clock& clock_;
   std::unique_ptr<HttpClient> http_;
   std::mutex mu_;
@@ -213,20 +313,27 @@ StatusOr<std::unique_ptr<TokenProvider>> MakeAdcTokenProvider(const std::string&
     return it != j.end() && it->is_string() ? it->get<std::string>() : "";
   };
   auto type = str("type");
-  if (type == "service_account") {
-    return InvalidArgumentError(path + ": service-account keys are not supported yet; use --access-token-command "
-                                       "\"gcloud auth print-access-token\" (or `gcloud auth application-default login`)");
-  }
-  if (type != "authorized_user") {
-    return InvalidArgumentError(fmt::format("{}: credentials of type \"{}\" are not supported (authorized_user is)", path,
-                                            output::EscapeInvalidUtf8(type)));
-  }
-  for (const char* k : {"client_id", "client_secret", "refresh_token"}) {
-    if (str(k).empty()) return InvalidArgumentError(fmt::format("{}: \"{}\" is missing or not a string", path, k));
+  if (type != "authorized_user" && type != "service_account") {
+    return InvalidArgumentError(fmt::format(
+        "{}: credentials of type \"{}\" are not supported (authorized_user and service_account are; or use "
+        "--access-token-command \"gcloud auth print-access-token\")",
+        path, output::EscapeInvalidUtf8(type)));
   }
   std::string token_uri = str("token_uri").empty() ? kGoogleTokenUri : str("token_uri");
   if (!StartsWith(token_uri, "https://") && !StartsWith(token_uri, "http://")) {
     return InvalidArgumentError(path + ": token_uri is not an http(s) URL");
+  }
+  if (type == "service_account") {
+    for (const char* k : {"client_email", "private_key"}) {
+      if (str(k).empty()) return InvalidArgumentError(fmt::format("{}: \"{}\" is missing or not a string", path, k));
+    }
+    auto key = RsaSigningKey::FromPem(str("private_key"), path);
+    if (!key.ok()) return key.status();
+    return std::unique_ptr<TokenProvider>(std::make_unique<ServiceAccountTokens>(
+        path, str("client_email"), str("private_key_id"), std::move(*key), token_uri, clock, make_http()));
+  }
+  for (const char* k : {"client_id", "client_secret", "refresh_token"}) {
+    if (str(k).empty()) return InvalidArgumentError(fmt::format("{}: \"{}\" is missing or not a string", path, k));
   }
   return std::unique_ptr<TokenProvider>(std::make_unique<AuthorizedUserTokens>(
       path, str("client_id"), str("client_secret"), str("refresh_token"), token_uri, clock, make_http()));

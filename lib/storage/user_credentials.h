@@ -1,8 +1,9 @@
 // Credentials off GCE, as Google's own tools find them, for the commands a
-// person runs on a laptop (`spotvisor runs`, `pull`): a command that prints
-// an access token (`gcloud auth print-access-token`), or Application Default
-// Credentials (GOOGLE_APPLICATION_CREDENTIALS, else gcloud's
-// application_default_credentials.json). Tokens are never printed or logged.
+// person runs on a laptop (`spotvisor runs`, `pull`, `gc`): a command that
+// prints an access token (`gcloud auth print-access-token`), or Application
+// Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, else gcloud's
+// application_default_credentials.json). Tokens, refresh tokens and private
+// keys are never printed or logged.
 #pragma once
 
 #include <chrono>
@@ -30,8 +31,11 @@ std::string FindAdcFile();
 // A provider for an ADC file. `authorized_user` (what `gcloud auth
 // application-default login` writes: client_id, client_secret, refresh_token,
 // optional token_uri) is exchanged at token_uri (default Google's); a
-// `service_account` key is not supported yet (the error says what to use).
-// Any other content is an error naming the file and what is wrong.
+// `service_account` key (client_email, private_key, optional private_key_id
+// and token_uri) signs an RS256 assertion for the devstorage.read_write scope
+// and exchanges that (storage/service_account.h). Any other content is an
+// error naming the file and what is wrong; the key is read (and a bad one
+// refused) here, before any request.
 StatusOr<std::unique_ptr<TokenProvider>> MakeAdcTokenProvider(
     const std::string& path, const Clock& clock,
     std::function<std::unique_ptr<HttpClient>()> make_http = MakeCurlHttpClient);

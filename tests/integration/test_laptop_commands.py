@@ -3,6 +3,7 @@ bucket from a laptop, against runs that spotvisor itself wrote to the fake
 GCS, and with the credentials Google's tools use (Application Default
 Credentials against a fake OAuth token endpoint, or --access-token-command)."""
 import json
+import time
 import os
 import shutil
 import signal
@@ -192,10 +193,43 @@ class LaptopCredentialsTest(LaptopCommandsTest):
         self.assertIn("gcloud auth application-default login", out.stderr)
         self.assertNotIn("1//revoked", out.stderr)
 
-    def test_a_service_account_key_is_refused_with_what_to_use(self):
-        out = self.runs(extra_env={"GOOGLE_APPLICATION_CREDENTIALS": self.adc_file(type="service_account")})
+    def test_a_service_account_key_signs_its_assertion_and_gets_a_token(self):
+        key = self.oauth.service_account()
+        path = self.path("sa.json")
+        with open(path, "w") as f:
+            json.dump(key, f)
+        out = self.runs(extra_env={"GOOGLE_APPLICATION_CREDENTIALS": path})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"r7\s+unknown\s+-\s+#3")
+        # The fake verified the RS256 signature with the key's public half.
+        self.assertEqual([r["form"]["grant_type"] for r in self.oauth.requests],
+                         ["urn:ietf:params:oauth:grant-type:jwt-bearer"])
+        header, claims = self.oauth.assertions[0]
+        self.assertEqual(header.get("kid"), key["private_key_id"])
+        self.assertEqual(claims["iss"], key["client_email"])
+        self.assertLessEqual(abs(claims["iat"] - time.time()), 60)
+        for secret in (TOKEN, "PRIVATE KEY", key["private_key"].splitlines()[1]):
+            self.assertNotIn(secret, out.stdout + out.stderr)
+
+    def test_a_deleted_service_account_key_is_refused_naming_the_account(self):
+        key = self.oauth.service_account()
+        self.oauth.delete_key(key["client_email"], key["private_key_id"])
+        path = self.path("sa.json")
+        with open(path, "w") as f:
+            json.dump(key, f)
+        out = self.runs(extra_env={"GOOGLE_APPLICATION_CREDENTIALS": path})
         self.assertEqual(out.returncode, 1)
-        self.assertIn("--access-token-command", out.stderr)
+        self.assertIn("Invalid JWT Signature.", out.stderr)
+        self.assertIn(key["client_email"], out.stderr)
+        self.assertIn("deleted or disabled", out.stderr)
+        self.assertNotIn("PRIVATE KEY", out.stderr)
+        # A key file that is not one: named, with the problem, before any request.
+        with open(path, "w") as f:
+            json.dump(dict(key, private_key="-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n"), f)
+        bad = self.runs(extra_env={"GOOGLE_APPLICATION_CREDENTIALS": path})
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("private_key is not a PEM private key", bad.stderr)
+        self.assertEqual(len(self.oauth.requests), 1)
 
     def test_access_token_command(self):
         out = self.runs("--access-token-command", f"echo {TOKEN}")

@@ -29,10 +29,11 @@ repo=$PWD
 self=$repo/tests/package/run.sh
 
 GLIBC_MAX=2.35
-# What the binary may link against dynamically: glibc, libcurl (OpenSSL flavour), libsystemd,
+# What the binary may link against dynamically: glibc, libcurl (OpenSSL flavour), libcrypto
+# (OpenSSL 3, which that libcurl needs anyway; RS256 for service-account keys), libsystemd,
 # and libblkid (probing the disks spotvisor mounts; libblkid1 is Priority: required on Debian
 # and Ubuntu, so always installed). Anything else must be linked statically.
-ALLOWED_NEEDED="libc.so.6 libm.so.6 ld-linux-x86-64.so.2 libcurl.so.4 libsystemd.so.0 libblkid.so.1"
+ALLOWED_NEEDED="libc.so.6 libm.so.6 ld-linux-x86-64.so.2 libcurl.so.4 libcrypto.so.3 libsystemd.so.0 libblkid.so.1"
 # Ubuntu Archive Automatic Signing Key (2018) <ftpmaster@ubuntu.com>: signs jammy's InRelease.
 UBUNTU_ARCHIVE_KEY=F6ECB3762474EDA9D21B7022871920D1991BC93C
 # Bump when the way roots are built changes, so cached roots are rebuilt.
@@ -83,7 +84,7 @@ in_root() {
     fail "$distro: dpkg -i + apt-get -f install" "$(tail -n 25 <<<"$out")"
     return
   fi
-  echo "     $distro: $($in dpkg-query -W -f='${Package} ${Version} ${db:Status-Status}\n' libc6 'libcurl4*' libsystemd0 libblkid1 |
+  echo "     $distro: $($in dpkg-query -W -f='${Package} ${Version} ${db:Status-Status}\n' libc6 'libcurl4*' 'libssl3*' libsystemd0 libblkid1 |
     awk '$3 == "installed" {print $1, $2}' | paste -sd, | sed 's/,/, /g')"
 
   local pw
@@ -287,7 +288,7 @@ else
   highest=GLIBC_99
 fi
 needed=$(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
-check "libraries: NEEDED only glibc, libcurl, libsystemd, libblkid ($needed)" \
+check "libraries: NEEDED only glibc, libcurl, libcrypto, libsystemd, libblkid ($needed)" \
   bash -c 'for n in $1; do [[ " $2 " == *" $n "* ]] || { echo "unexpected NEEDED $n"; exit 1; }; done' _ "$needed" "$ALLOWED_NEEDED"
 check "libraries: libstdc++ and libgcc linked in (no libstdc++.so.6 / libgcc_s.so.1 / libfmt)" \
   bash -c '! grep -E "libstdc\+\+|libgcc_s|libfmt|libspdlog|libboost" <<<"$1"' _ "$needed"
