@@ -12,7 +12,7 @@ cd "$root"
 
 bash scripts/install-deps.sh
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DSPOTVISOR_WERROR=OFF >/dev/null
-cmake --build build-release --target spotvisor fake_trainer
+cmake --build build-release --target spotvisor fake_trainer crc32c_bench
 
 echo
 echo "== machine"
@@ -39,5 +39,6 @@ python3 bench/semantics.py
 echo
 echo "== idle cost (bench/idle.py)"
 python3 bench/idle.py
+echo; echo "== crc32c, one chain vs three (bench/crc32c_bench.cc)"; for mib in 1 256; do build-release/bench/crc32c_bench "$mib" 20; done
 echo; echo "== checkpoint sync vs rclone (bench/sync_vs_rclone.py)"; /usr/bin/python3 bench/sync_vs_rclone.py
 echo; echo "== trainer output forwarding (bench/log_forwarding.py)"; /usr/bin/python3 bench/log_forwarding.py --spotvisor build-release/daemon/spotvisor --fake-trainer build-release/tests/fake_trainer

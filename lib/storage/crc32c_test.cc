@@ -28,6 +28,34 @@ TEST_CASE("hardware and table implementations agree, and extending equals hashin
   }
 }
 
+TEST_CASE("three interleaved chains agree with one, across block edges and from any starting crc") {
+  if (!internal::CpuHasSse42()) return;
+  std::mt19937 rng(2);
+  for (std::size_t len : {std::size_t{0}, std::size_t{12287}, std::size_t{12288}, std::size_t{12289},
+                          std::size_t{12288 * 2 + 7}, std::size_t{100000}, std::size_t{1} << 20}) {
+    std::string s(len, '\0');
+    for (auto& c : s) c = static_cast<char>(rng());
+    for (std::uint32_t start : {0u, 0xE3069283u, static_cast<std::uint32_t>(rng())}) {
+      auto expected = internal::Crc32cExtendTable(start, s);
+      CHECK(internal::Crc32cExtendSse42x3(start, s) == expected);
+      CHECK(internal::Crc32cExtendSse42(start, s) == expected);
+    }
+  }
+  CHECK(std::string(Crc32cImplementation()) == "sse4.2, 3 chains");
+}
+
+TEST_CASE("combining two parts' crc32c gives the whole's") {
+  std::mt19937 rng(3);
+  std::string s(70000, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());
+  auto whole = Crc32c(s);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{33333}, s.size()}) {
+    auto a = std::string_view(s).substr(0, cut), b = std::string_view(s).substr(cut);
+    CHECK(Crc32cCombine(Crc32c(a), Crc32c(b), b.size()) == whole);
+  }
+  CHECK(Crc32cCombine(Crc32c("1234"), Crc32c("56789"), 5) == 0xE3069283);
+}
+
 TEST_CASE("base64") {
   CHECK(Base64Encode("") == "");
   CHECK(Base64Encode("f") == "Zg==");
