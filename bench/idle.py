@@ -6,7 +6,8 @@ side by side, each with a fake trainer that just waits, against one fake
 metadata server. Once their long-polls are parked at the fake (spotvisor's
 on instance/preempted and instance/maintenance-event, curl's on
 instance/preempted), samples every --interval seconds for --seconds:
-VmRSS from /proc/PID/status and utime+stime from /proc/PID/stat of the
+VmRSS from /proc/PID/status, utime+stime from /proc/PID/stat, and CPU ns
+and context switches from each thread's schedstat and status, of the
 supervisor's processes only, never the trainer's (for the baseline: bash
 plus its curl). At the end also VmHWM and Pss (/proc/PID/smaps_rollup,
 which splits shared library pages between the processes that map them).
@@ -55,6 +56,28 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])  # utime, stime
 
 
+def sched(pid):
+    """(CPU ns, context switches) summed over the process's threads, from
+    /proc/PID/task/TID/schedstat (run time in ns: finer than clock ticks) and
+    .../status (voluntary + involuntary switches: each is a wakeup)."""
+    ns = switches = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0, 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns += int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                        switches += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return ns, switches
+
+
 class Subject:
     """One supervisor under measurement and the pids that make it up."""
 
@@ -73,6 +96,10 @@ class Subject:
 
     def cpu(self):
         return sum(cpu_ticks(p) for p in self.pids)
+
+    def sched(self):
+        pairs = [sched(p) for p in self.pids]
+        return sum(a for a, _ in pairs), sum(b for _, b in pairs)
 
 
 def main():
@@ -140,6 +167,7 @@ def main():
         srv.reset_log()
         for s in subjects:
             s.cpu_start = s.cpu()
+            s.sched_start = s.sched()
             s.sample()
         t_start = time.monotonic()
         deadline = t_start + args.seconds
@@ -157,6 +185,7 @@ def main():
         elapsed = time.monotonic() - t_start
         for s in subjects:
             s.cpu_end = s.cpu()
+            s.sched_end = s.sched()
         requests = {}
         for e in srv.log():
             who = ("bash" if e["headers"].get("User-Agent", "")
@@ -200,6 +229,11 @@ def main():
               "libraries; Pss splits shared pages among their users")
         print(f"CPU is counted in clock ticks of 1/{TICK} s: "
               f"0.00 means under one tick in the window")
+        for s in subjects:
+            ns = s.sched_end[0] - s.sched_start[0]
+            wakes = s.sched_end[1] - s.sched_start[1]
+            print(f"{s.name:10} schedstat: {ns / 1e6:8.2f} ms CPU, {wakes} context switches "
+                  f"({60 * wakes / elapsed:.0f} a minute; each is a wakeup)")
         print(f"spotvisor threads: {status_kb(sv.proc.pid, 'Threads')}; "
               f"requests = metadata requests seen by the fake in the window")
     finally:

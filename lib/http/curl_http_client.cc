@@ -13,6 +13,8 @@
 namespace spotvisor {
 namespace {
 
+constexpr int kPollCapMs = 3'600'000;
+
 void GlobalInitOnce() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
@@ -128,7 +130,11 @@ class CurlHttpClient final : public HttpClient {
         curl_multi_remove_handle(multi_.get(), h);
         return CancelledError(request.url + ": cancelled");
       }
-      curl_multi_poll(multi_.get(), nullptr, 0, 1000, nullptr);
+      // No periodic wakeup: libcurl shortens the wait to its own next timer
+      // (the request's timeouts, a connect attempt), and Cancel() wakes it
+      // with curl_multi_wakeup. A parked long-poll costs nothing while idle
+      // (issue #15: it woke every second). The cap is a last resort only.
+      curl_multi_poll(multi_.get(), nullptr, 0, kPollCapMs, nullptr);
     }
     curl_multi_remove_handle(multi_.get(), h);
     if (result != CURLE_OK) return FromCurl(result, request.url, error);
