@@ -46,7 +46,12 @@ std::size_t OnHeader(char* data, std::size_t size, std::size_t n, void* user) {
     std::string name(Trim(line.substr(0, colon)));
     std::transform(name.begin(), name.end(), name.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    static_cast<HttpResponse*>(user)->headers[name] = std::string(Trim(line.substr(colon + 1)));
+    // A repeated header is one list (RFC 9110 section 5.3): Cloud Storage
+    // sends x-goog-hash twice, crc32c= and md5=, and neither may be lost.
+    auto value = std::string(Trim(line.substr(colon + 1)));
+    auto& headers = static_cast<HttpResponse*>(user)->headers;
+    auto [it, inserted] = headers.emplace(std::move(name), value);
+    if (!inserted) it->second += ", " + value;
   } else if (StartsWith(line, "HTTP/")) {
     // A new status line (after a redirect or 100-continue) starts afresh.
     auto* r = static_cast<HttpResponse*>(user);

@@ -76,5 +76,24 @@ TEST_CASE("curl client: a request's own timeout still ends it without any period
   CHECK(result.get().status().code() == StatusCode::kDeadlineExceeded);
 }
 
+TEST_CASE("curl client: a header sent twice is kept as one list, as Cloud Storage's two x-goog-hash lines need") {
+  SilentServer server;
+  auto http = MakeCurlHttpClient();
+  HttpRequest req;
+  req.url = "http://127.0.0.1:" + std::to_string(server.port) + "/download/storage/v1/b/b/o/x?alt=media";
+  req.timeout = 30s;
+  auto result = std::async(std::launch::async, [&] { return http->Perform(req); });
+  REQUIRE(server.AwaitRequest());
+  std::string answer =
+      "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx-goog-hash: crc32c=yZRlqg==\r\nX-Goog-Hash: md5=XrY7u+Ae7tCTyyK7j1rNww==\r\n"
+      "Connection: close\r\n\r\nhi";
+  REQUIRE(write(server.conn, answer.data(), answer.size()) == static_cast<ssize_t>(answer.size()));
+  REQUIRE(result.wait_for(30s) == std::future_status::ready);
+  auto r = result.get();
+  REQUIRE(r.ok());
+  CHECK(r->body == "hi");
+  CHECK(r->Header("x-goog-hash") == "crc32c=yZRlqg==, md5=XrY7u+Ae7tCTyyK7j1rNww==");
+}
+
 }  // namespace
 }  // namespace spotvisor
