@@ -1,5 +1,7 @@
 #include "app/engine.h"
 
+#include <algorithm>
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -203,6 +205,11 @@ std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bu
   // What `gcloud storage ls -L` shows: JSON for the manifest and DONE, the
   // trainer's own path on each checkpoint object.
   o.describe = DescribeRunObject;
+  // sync-parallelism bounds every transfer, parts and ranges included; the
+  // final sync inside a Spot window may use twice as many.
+  o.streams = c.sync_parallelism;
+  o.urgent_streams = std::min(64, 2 * c.sync_parallelism);
+  o.parallel_min_bytes = static_cast<std::size_t>(c.sync_parallel_min_size);
   std::unique_ptr<TokenProvider> tokens =
       auth ? std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock))
            : MakeNoAuthTokenProvider();
@@ -230,6 +237,7 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
   so.run_id = c.run_id;
   so.instance = metadata.instance_name;
   so.parallelism = c.sync_parallelism;
+  so.urgent_parallelism = std::min(64, 2 * c.sync_parallelism);
   so.settle = c.sync_settle;
   // What this disk last committed or restored: a restart keeps newer local files.
   so.state_file = c.state_dir + "/checkpoint-state.json";

@@ -82,6 +82,7 @@ StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& url, const R
   while (!g.endpoint.empty() && g.endpoint.back() == '/') g.endpoint.pop_back();
   g.bucket = loc->bucket;
   g.prefix = loc->prefix;
+  g.streams = o.parallelism;  // pull: files, and the ranges of large ones, at once
   g.make_retry = [] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), TheClock()); };
   g.make_backoff = [] {
     return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
@@ -347,7 +348,16 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
   so.run_id = run_id;
   so.parallelism = o.parallelism;
   SyncEngine engine(std::move(store), so, TheClock());
-  auto r = engine.Pull(sequence, Background());
+  // A long pull says how it goes, on stderr, every 5 s.
+  engine.SetProgressHandler([](const SyncProgress& p) {
+    auto left = p.SecondsLeft();
+    std::fprintf(stderr, "spotvisor pull: %s of %s%s%s\n", FormatBytes(p.bytes_done).c_str(), FormatBytes(p.bytes_total).c_str(),
+                 p.Rate() ? fmt::format(", {:.1f} MB/s", *p.Rate() / 1e6).c_str() : "",
+                 left ? fmt::format(", about {:.0f}s left", *left).c_str() : "");
+  });
+  CallContext ctx;
+  ctx.clock = &TheClock();
+  auto r = engine.Pull(sequence, ctx);
   if (!r.ok()) {
     std::fprintf(stderr, "spotvisor pull: %s\n", r.status().message().c_str());
     return 1;

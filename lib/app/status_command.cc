@@ -141,6 +141,24 @@ int PrintStatus(const std::string& state_dir, bool json) {
       std::printf("caught up:   %s%s\n", caught.c_str(), stalled ? ("  STALLED: " + cause).c_str() : "");
     }
   }
+  if (auto t = j.find("transfer"); t != j.end() && t->is_object()) {
+    // Validated by ParseStatusJson: the types are as written.
+    auto u64 = [&](const char* k) { return t->contains(k) ? (*t)[k].get<std::uint64_t>() : 0; };
+    auto num = [&](const char* k) -> std::optional<double> {
+      return t->contains(k) && (*t)[k].is_number() ? std::optional<double>((*t)[k].get<double>()) : std::nullopt;
+    };
+    std::uint64_t done = u64("bytes_done"), total = u64("bytes_total");
+    std::string kind = t->value("kind", "");
+    std::printf("transfer:    %s%s: %s of %s (%.0f%%)%s%s (as of %s)\n", kind.c_str(), kind == "restore" ? "" : " sync",
+                FormatBytes(done).c_str(), FormatBytes(total).c_str(),
+                total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
+                num("throughput_mbps") ? fmt::format(", {:.1f} MB/s", *num("throughput_mbps")).c_str() : "",
+                num("eta_s") ? fmt::format(", about {} left", FormatDuration(std::chrono::seconds(
+                                                                   static_cast<long long>(*num("eta_s") + 0.5))))
+                                   .c_str()
+                             : "",
+                t->value("as_of", "").c_str());
+  }
   if (j.contains("last_event")) {
     auto const& e = j["last_event"];
     std::printf("last event:  %s  %s  (%s)\n", e.value("event", "").c_str(), e.value("message", "").c_str(),

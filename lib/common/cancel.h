@@ -51,7 +51,15 @@ struct CallContext {
   // The caller is short of time (the final sync inside a Spot window):
   // retry quickly within the deadline instead of Google's full backoff.
   bool urgent = false;
+  // Told of bytes moved to or from a store as they are confirmed (a chunk
+  // the server kept, a range written to disk); a negative count takes back
+  // bytes of an attempt that is being redone. Called from any thread; must
+  // not block. Null: nobody is counting.
+  std::function<void(std::int64_t)> on_bytes;
 
+  void Moved(std::int64_t n) const {
+    if (on_bytes && n != 0) on_bytes(n);
+  }
   bool cancelled() const { return cancel && cancel->cancelled(); }
   bool expired() const { return deadline && clock && clock->Now() >= *deadline; }
   // min(cap, time left); zero once expired.

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <filesystem>
 
+#include <limits>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -212,6 +214,26 @@ class Resolver {
     out = static_cast<int>(n);
   }
 
+  // A size in bytes: digits with an optional K, M, G or T (powers of 1024,
+  // as gsutil's "150M"; "KiB", "MiB", ... also accepted).
+  void ByteSize(const std::string& key, std::uint64_t& out) {
+    auto v = std::string(Trim(Get(key).value));
+    std::size_t digits = 0;
+    while (digits < v.size() && v[digits] >= '0' && v[digits] <= '9') ++digits;
+    auto n = ParseUint64(std::string_view(v).substr(0, digits));
+    std::string unit = v.substr(digits);
+    int shift = -1;
+    for (auto [u, sh] : {std::pair{"", 0}, {"K", 10}, {"KiB", 10}, {"M", 20}, {"MiB", 20}, {"G", 30}, {"GiB", 30},
+                         {"T", 40}, {"TiB", 40}}) {
+      if (unit == u) shift = sh;
+    }
+    if (!n || shift < 0 || *n > (std::numeric_limits<std::uint64_t>::max() >> shift)) {
+      Error(key, fmt::format("\"{}\" is not a size (a whole number with an optional K, M, G or T, e.g. 64M)", Shown(v)));
+      return;
+    }
+    out = *n << shift;
+  }
+
   // A key whose value is one of a fixed set of words.
   template <typename T>
   void OneOf(const std::string& key, std::initializer_list<std::pair<const char*, T>> choices, T& out) {
@@ -369,6 +391,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   }
   c.checkpoint_report_interval = res.Duration("checkpoint-report-interval", c.checkpoint_report_interval);
   res.Integer("sync-parallelism", 1, 64, c.sync_parallelism);
+  res.ByteSize("sync-parallel-min-size", c.sync_parallel_min_size);
   res.OneOf<bool>("restart", {{"never", false}, {"on-failure", true}}, c.restart_on_failure);
   res.Integer("max-restarts", 0, 1000, c.max_restarts);
   c.restart_delay = res.Duration("restart-delay", c.restart_delay);

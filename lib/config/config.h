@@ -70,6 +70,7 @@ struct Config {
   bool sync_stall_stop = false;                          // sync-stall-action = stop
   std::chrono::milliseconds checkpoint_report_interval{60'000};  // 0: never
   int sync_parallelism = 4;
+  std::uint64_t sync_parallel_min_size = 64u << 20;  // 0: never parallel parts
   std::chrono::milliseconds sync_settle{10'000};
   std::string storage_endpoint;
   bool restart_on_failure = false;

@@ -64,7 +64,12 @@ const std::vector<KeySpec>& AllKeys() {
        "runs): a run that cannot make its progress durable is burning money"},
       {"checkpoint-report-interval", "1m",
        "How often a checkpoint.age event reports the newest commit's age and the bytes not yet committed (0: never)"},
-      {"sync-parallelism", "4", "How many files are uploaded or downloaded at once (1-64)"},
+      {"sync-parallelism", "4",
+       "How many transfers run at once: whole files, and the parts and ranges of large ones (1-64); the final sync "
+       "after a preemption or maintenance notice may use twice as many (at most 64)"},
+      {"sync-parallel-min-size", "64M",
+       "Files at least this large are uploaded as parts in parallel and composed into one object (a parallel "
+       "composite upload), and restored as byte ranges in parallel (0: never)"},
       {"sync-settle", "10s",
        "A file modified more recently than this is left for the next periodic sync (the trainer may still be writing it)"},
       {"storage-endpoint", "https://storage.googleapis.com",

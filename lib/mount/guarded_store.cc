@@ -26,9 +26,10 @@ class GuardedStore final : public ObjectStore {
     if (auto s = check_(); !s.ok()) return s;
     return inner_->ReadBytes(name, info, ctx);
   }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, std::uint64_t size_hint,
+                                      const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;
-    return inner_->DownloadToFile(name, path, ctx);
+    return inner_->DownloadToFile(name, path, size_hint, ctx);
   }
   StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const CallContext& ctx) override {
     if (auto s = check_(); !s.ok()) return s;

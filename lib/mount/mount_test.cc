@@ -160,7 +160,9 @@ class CountingStore final : public ObjectStore {
     ++calls;
     return std::string("x");
   }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string&, const std::string&, const CallContext&) override { return Hit(); }
+  StatusOr<ObjectInfo> DownloadToFile(const std::string&, const std::string&, std::uint64_t, const CallContext&) override {
+    return Hit();
+  }
   StatusOr<std::vector<ObjectInfo>> List(const std::string&, const CallContext&) override {
     ++calls;
     return std::vector<ObjectInfo>{};
@@ -193,7 +195,7 @@ TEST_CASE("sync-via = mount: no operation reaches the directory once the mount i
   CHECK_FALSE(store->UploadBytes("a", "b", {}, Background()).ok());
   CHECK_FALSE(store->UploadFile("a", "/p", {}, Background()).ok());
   CHECK_FALSE(store->ReadBytes("a", nullptr, Background()).ok());
-  CHECK_FALSE(store->DownloadToFile("a", "/p", Background()).ok());
+  CHECK_FALSE(store->DownloadToFile("a", "/p", 0, Background()).ok());
   CHECK_FALSE(store->List("", Background()).ok());
   CHECK_FALSE(store->Delete("a", {}, Background()).ok());
   CHECK_FALSE(store->CheckAccess(Background()).ok());

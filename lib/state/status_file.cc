@@ -117,6 +117,7 @@ Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
                         {"last_event", Kind::kObject},
                         {"last_sync", Kind::kObject, true},
                         {"checkpoint", Kind::kObject},
+                        {"transfer", Kind::kObject},
                         // Who wrote the file, so `sync`/`release` never signal a reused pid.
                         {"start_time_ticks", Kind::kInt, false, 0, LLONG_MAX},
                         {"boot_id", Kind::kString}},
@@ -144,6 +145,20 @@ Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
                      {"stalled", Kind::kBool},
                      {"stall_cause", Kind::kString}},
                     where + " checkpoint");
+    if (!s.ok()) return s;
+  }
+  if (auto t = j.find("transfer"); t != j.end()) {
+    // A sync or restore in progress (Supervisor::OnTransferProgress).
+    s = CheckFields(*t,
+                    {{"kind", Kind::kString},
+                     {"bytes_done", Kind::kInt, false, 0, LLONG_MAX},
+                     {"bytes_total", Kind::kInt, false, 0, LLONG_MAX},
+                     {"files", Kind::kInt, false, 0, INT_MAX},
+                     {"elapsed_s", Kind::kNumber},
+                     {"throughput_mbps", Kind::kNumber, true},
+                     {"eta_s", Kind::kNumber, true},
+                     {"as_of", Kind::kString}},
+                    where + " transfer");
     if (!s.ok()) return s;
   }
   if (auto ls = j.find("last_sync"); ls != j.end() && !ls->is_null()) {

@@ -67,7 +67,9 @@ class FileObjectStore final : public ObjectStore {
     if (auto s = ctx.Check("uploading " + path); !s.ok()) return s;
     Fd in(open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (in.fd < 0) return ErrnoToStatus(errno, "opening " + path);
-    return Write(name, pre, [&](int out, std::uint32_t& crc, std::uint64_t& size) { return Copy(in.fd, out, crc, size, path); });
+    auto r = Write(name, pre, [&](int out, std::uint32_t& crc, std::uint64_t& size) { return Copy(in.fd, out, crc, size, path); });
+    if (r.ok()) ctx.Moved(static_cast<std::int64_t>(r->size));
+    return r;
   }
 
   StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre,
@@ -104,7 +106,8 @@ class FileObjectStore final : public ObjectStore {
     return data;
   }
 
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, std::uint64_t /*size_hint*/,
+                                      const CallContext& ctx) override {
     if (auto s = ctx.Check("reading " + Path(name)); !s.ok()) return s;
     Fd in(open(Path(name).c_str(), O_RDONLY | O_CLOEXEC));
     if (in.fd < 0) return ErrnoToStatus(errno, Describe() + "/" + name);
@@ -115,6 +118,7 @@ class FileObjectStore final : public ObjectStore {
     ObjectInfo o{name, Generation(st), 0, 0};
     if (auto s = Copy(in.fd, out.fd, o.crc32c, o.size, path); !s.ok()) return s;
     if (fsync(out.fd) != 0) return ErrnoToStatus(errno, "flushing " + path);
+    ctx.Moved(static_cast<std::int64_t>(o.size));
     return o;
   }
 

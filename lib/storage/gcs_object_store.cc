@@ -6,9 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -111,36 +114,135 @@ struct Fd {
   }
 };
 
-StatusOr<std::string> ReadChunk(int fd, std::size_t max) {
-  std::string buf(max, '\0');
+// Reads up to `max` bytes at `offset` into `buf` (resized to what was read).
+// `buf` is reused from chunk to chunk: growing it zero-fills only the first
+// time, so a 16 MiB chunk is not memset again for every chunk.
+Status ReadAt(int fd, std::uint64_t offset, std::size_t max, std::string& buf) {
+  if (buf.size() < max) buf.resize(max);
   std::size_t got = 0;
   while (got < max) {
-    ssize_t n = read(fd, buf.data() + got, max - got);
+    ssize_t n = pread(fd, buf.data() + got, max - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoToStatus(errno, "reading");
     if (n == 0) break;
     got += static_cast<std::size_t>(n);
   }
   buf.resize(got);
-  return buf;
+  return OkStatus();
+}
+
+// Writes all of `data` at `offset`. A local write error (a full disk) is
+// the user's to fix, not the network's: kFailedPrecondition, never retried.
+Status WriteAt(int fd, std::uint64_t offset, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      auto e = ErrnoToStatus(errno, "writing " + path);
+      return e.code() == StatusCode::kInternal ? FailedPreconditionError(e.message()) : e;
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return OkStatus();
+}
+
+// At most `normal` transfers (whole uploads and downloads, parts and ranges)
+// at once in the whole store; an urgent context (the final sync inside a
+// Spot window) may run up to `urgent`. Waiting for a slot honours the
+// context's deadline and cancellation.
+class TransferSlots {
+ public:
+  TransferSlots(int normal, int urgent) : normal_(std::max(1, normal)), urgent_(std::max(normal_, urgent)) {}
+  int Capacity(const CallContext& ctx) const { return ctx.urgent ? urgent_ : normal_; }
+  Status Acquire(const CallContext& ctx) {
+    std::uint64_t sub = 0;
+    if (ctx.cancel) {
+      sub = ctx.cancel->Subscribe([this] {
+        std::lock_guard lk(mu_);
+        cv_.notify_all();
+      });
+    }
+    Status result;
+    {
+      std::unique_lock lk(mu_);
+      int cap = Capacity(ctx);
+      while (in_use_ >= cap) {
+        if (auto c = ctx.Check("waiting for a transfer slot"); !c.ok()) {
+          result = c;
+          break;
+        }
+        cv_.wait_for(lk, ctx.deadline ? std::max(ctx.Remaining(std::chrono::seconds(1)), std::chrono::milliseconds(1))
+                                      : std::chrono::milliseconds(1000));
+      }
+      if (result.ok()) ++in_use_;
+    }
+    if (ctx.cancel) ctx.cancel->Unsubscribe(sub);
+    return result;
+  }
+  void Release() {
+    {
+      std::lock_guard lk(mu_);
+      --in_use_;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  const int normal_, urgent_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int in_use_ = 0;
+};
+
+class Slot {
+ public:
+  Slot(TransferSlots& slots, const CallContext& ctx) : slots_(slots), status_(slots.Acquire(ctx)) {}
+  ~Slot() {
+    if (status_.ok()) slots_.Release();
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  TransferSlots& slots_;
+  Status status_;
+};
+
+// Runs fn(i) for i in [0, n) on `threads` threads (this one included);
+// every item runs, errors are fn's to keep.
+template <typename Fn>
+void RunOnThreads(std::size_t n, int threads, Fn fn) {
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next++) < n;) fn(i);
+  };
+  std::vector<std::thread> pool;
+  int count = static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, threads))));
+  for (int t = 1; t < count; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
 }
 
 class GcsObjectStore final : public ObjectStore {
  public:
-  GcsObjectStore(GcsOptions o, std::unique_ptr<TokenProvider> tokens) : o_(std::move(o)), tokens_(std::move(tokens)) {
+  GcsObjectStore(GcsOptions o, std::unique_ptr<TokenProvider> tokens)
+      : o_(std::move(o)), tokens_(std::move(tokens)), slots_(o_.streams, o_.urgent_streams) {
     if (!o_.make_retry) o_.make_retry = [] { return std::make_unique<LimitedErrorCountRetryPolicy>(6); };
     if (!o_.make_backoff) {
       o_.make_backoff = [] { return std::make_unique<ExponentialBackoffPolicy>(std::chrono::seconds(1), std::chrono::seconds(32), 2.0); };
     }
     if (!o_.sleeper) o_.sleeper = &default_sleeper_;
     o_.chunk_bytes = std::max(kQuantum, o_.chunk_bytes / kQuantum * kQuantum);
+    o_.part_min_bytes = std::max(kQuantum, o_.part_min_bytes / kQuantum * kQuantum);
   }
 
   std::string Describe() const override { return BucketUrl(); }
 
   StatusOr<ObjectInfo> UploadBytes(const std::string& name, const std::string& data, const Precondition& pre,
                                    const CallContext& ctx) override {
-    return Retry(ctx, kWrite, [&] { return Multipart(name, data, Crc32c(data), pre, ctx); });
+    return Retry(ctx, kWrite, [&] { return Multipart(name, data, Crc32c(data), pre, /*describe=*/true, ctx); });
   }
 
   StatusOr<ObjectInfo> UploadFile(const std::string& name, const std::string& path, const Precondition& pre,
@@ -148,17 +250,12 @@ class GcsObjectStore final : public ObjectStore {
     struct stat st {};
     if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "uploading " + path);
     auto size = static_cast<std::size_t>(st.st_size);
-    if (size <= o_.multipart_max_bytes) {
-      return Retry(ctx, kWrite, [&]() -> StatusOr<ObjectInfo> {
-        Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-        if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
-        auto data = ReadChunk(f.fd, size + 1);
-        if (!data.ok()) return data.status();
-        if (data->size() != size) return FailedPreconditionError(path + " changed size while being read");
-        return Multipart(name, *data, Crc32c(*data), pre, ctx);
-      });
+    if (o_.parallel_min_bytes > 0 && size >= o_.parallel_min_bytes && PartCount(size) > 1) {
+      return Composite(name, path, size, pre, ctx);
     }
-    return Resumable(name, path, size, pre, ctx);
+    Slot slot(slots_, ctx);
+    if (!slot.status().ok()) return slot.status();
+    return UploadRange(name, path, 0, size, pre, /*describe=*/true, ctx);
   }
 
   StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) override {
@@ -174,8 +271,17 @@ class GcsObjectStore final : public ObjectStore {
     });
   }
 
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, const CallContext& ctx) override {
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path, std::uint64_t size_hint,
+                                      const CallContext& ctx) override {
+    if (o_.parallel_min_bytes > 0 && size_hint >= o_.parallel_min_bytes && PartCount(size_hint) > 1) {
+      return RangedDownload(name, path, size_hint, ctx);
+    }
+    Slot slot(slots_, ctx);
+    if (!slot.status().ok()) return slot.status();
+    std::uint64_t counted = 0;  // bytes reported by an attempt that may be redone
     return Retry(ctx, Idempotency::kIdempotent, [&]() -> StatusOr<ObjectInfo> {
+      ctx.Moved(-static_cast<std::int64_t>(counted));
+      counted = 0;
       Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
       if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
       std::uint32_t crc = 0;
@@ -186,23 +292,15 @@ class GcsObjectStore final : public ObjectStore {
       req.low_speed_limit = 1024;
       req.on_body = [&](std::string_view chunk) {
         crc = Crc32cExtend(crc, chunk);
+        write_error = WriteAt(f.fd, size, chunk, path);
         size += chunk.size();
-        while (!chunk.empty()) {
-          ssize_t n = write(f.fd, chunk.data(), chunk.size());
-          if (n < 0 && errno == EINTR) continue;
-          if (n < 0) {
-            write_error = ErrnoToStatus(errno, "writing " + path);
-            return false;
-          }
-          chunk.remove_prefix(static_cast<std::size_t>(n));
-        }
-        return true;
+        counted += chunk.size();
+        ctx.Moved(static_cast<std::int64_t>(chunk.size()));
+        return write_error.ok();
       };
       auto r = Perform(req, ctx);
       // Disk full is the user's problem to fix, not the network's: no retry.
-      if (!write_error.ok()) {
-        return write_error.code() == StatusCode::kInternal ? FailedPreconditionError(write_error.message()) : write_error;
-      }
+      if (!write_error.ok()) return write_error;
       if (!r.ok()) return r.status();
       if (r->status != 200) return HttpError(*r, "downloading " + Url(name), BucketUrl());
       auto checked = CheckHash(*r, crc, name);
@@ -343,7 +441,9 @@ class GcsObjectStore final : public ObjectStore {
 
   // One request, its timeout clamped to what the context has left, cut
   // short at once if the context is cancelled meanwhile.
-  StatusOr<HttpResponse> Perform(HttpRequest req, const CallContext& ctx) {
+  StatusOr<HttpResponse> Perform(HttpRequest req, const CallContext& ctx) { return Send(req, ctx); }
+  // The same, leaving `req` (and its body) with the caller.
+  StatusOr<HttpResponse> Send(HttpRequest& req, const CallContext& ctx) {
     if (auto s = ctx.Check(req.method + " " + req.url); !s.ok()) return s;
     auto auth = tokens_->AuthorizationHeader(ctx);
     if (!auth.ok()) return auth.status();
@@ -378,14 +478,22 @@ class GcsObjectStore final : public ObjectStore {
     pool_.push_back(std::move(h));
   }
 
-  StatusOr<std::uint32_t> CheckHash(const HttpResponse& r, std::uint32_t local, const std::string& name) {
-    // x-goog-hash: crc32c=...,md5=...
+  // The crc32c in x-goog-hash ("crc32c=...", with "md5=..." in the same
+  // header or a repeated one, which the HTTP client joins with ", ").
+  // Absent, or not a crc32c: nullopt, nothing to compare.
+  static std::optional<std::uint32_t> HeaderCrc32c(const HttpResponse& r) {
     std::string h = r.Header("x-goog-hash");
     auto pos = h.find("crc32c=");
-    if (pos == std::string::npos) return local;  // composite objects may lack it; nothing to compare
+    if (pos == std::string::npos) return std::nullopt;
     auto end = h.find(',', pos);
-    auto server = Crc32cFromBase64(h.substr(pos + 7, end == std::string::npos ? std::string::npos : end - pos - 7));
-    if (server.ok() && *server != local) {
+    auto server = Crc32cFromBase64(Trim(std::string_view(h).substr(pos + 7, end == std::string::npos ? std::string::npos : end - pos - 7)));
+    if (!server.ok()) return std::nullopt;
+    return *server;
+  }
+
+  StatusOr<std::uint32_t> CheckHash(const HttpResponse& r, std::uint32_t local, const std::string& name) {
+    auto server = HeaderCrc32c(r);
+    if (server && *server != local) {
       return UnavailableError(fmt::format("downloading {}: crc32c mismatch (got {}, server says {}): corrupted in transit",
                                           Url(name), Crc32cToBase64(local), Crc32cToBase64(*server)));
     }
@@ -403,9 +511,9 @@ class GcsObjectStore final : public ObjectStore {
     return meta;
   }
 
-  StatusOr<ObjectInfo> Multipart(const std::string& name, const std::string& data, std::uint32_t crc,
-                                 const Precondition& pre, const CallContext& ctx) {
-    Json meta = Describe(name);
+  StatusOr<ObjectInfo> Multipart(const std::string& name, std::string_view data, std::uint32_t crc,
+                                 const Precondition& pre, bool describe, const CallContext& ctx) {
+    Json meta = describe ? Describe(name) : Json{{"name", FullName(name)}};
     meta["crc32c"] = Crc32cToBase64(crc);
     std::string boundary;
     std::mt19937_64 rng(RandomSeed());
@@ -439,8 +547,9 @@ class GcsObjectStore final : public ObjectStore {
 
   // Starts a session, then sends chunks; after a failure the session is
   // asked how much it has, and the upload goes on from there.
-  StatusOr<ObjectInfo> Resumable(const std::string& name, const std::string& path, std::size_t size,
-                                 const Precondition& pre, const CallContext& ctx) {
+  // The object is bytes [base, base + size) of the file at `path`.
+  StatusOr<ObjectInfo> Resumable(const std::string& name, const std::string& path, std::uint64_t base, std::size_t size,
+                                 const Precondition& pre, bool describe, const CallContext& ctx) {
     // A second session for the same object is harmless: only the one
     // that is finished writes it.
     auto session = Retry(ctx, Idempotency::kIdempotent, [&]() -> StatusOr<std::string> {
@@ -448,7 +557,8 @@ class GcsObjectStore final : public ObjectStore {
                                              Query(pre, '&')));
       req.headers = {{"Content-Type", "application/json; charset=UTF-8"},
                      {"X-Upload-Content-Length", std::to_string(size)}};
-      req.body = Describe(name).dump(-1, ' ', false, Json::error_handler_t::replace);
+      req.body = (describe ? Describe(name) : Json{{"name", FullName(name)}})
+                     .dump(-1, ' ', false, Json::error_handler_t::replace);
       auto r = Perform(std::move(req), ctx);
       if (!r.ok()) return r.status();
       if (r->status != 200 && r->status != 201) return HttpError(*r, "starting upload of " + Url(name), BucketUrl());
@@ -460,6 +570,7 @@ class GcsObjectStore final : public ObjectStore {
     Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
     if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
 
+    std::string buf;         // one chunk, reused
     std::size_t offset = 0;  // what the server has persisted
     std::uint32_t crc = 0;   // crc32c of bytes [0, crc_upto)
     std::size_t crc_upto = 0;
@@ -473,13 +584,17 @@ class GcsObjectStore final : public ObjectStore {
           auto r = Perform(std::move(req), ctx);
           if (!r.ok()) return r.status();
           // The last chunk arrived but its answer was lost: the upload is done.
-          if (r->status == 200 || r->status == 201) return Verified(*r, name, final_crc);
+          if (r->status == 200 || r->status == 201) {
+            ctx.Moved(static_cast<std::int64_t>(size - offset));
+            return Verified(*r, name, final_crc);
+          }
           if (r->status == 404 || r->status == 410) {
             return FailedPreconditionError(fmt::format("upload session for {} expired (HTTP {})", Url(name), r->status));
           }
           if (r->status != 308) return HttpError(*r, "resuming upload of " + Url(name), BucketUrl());
           auto persisted = PersistedBytes(*r, size);
           if (!persisted.ok()) return persisted.status();  // need_query stays set
+          ctx.Moved(static_cast<std::int64_t>(*persisted) - static_cast<std::int64_t>(offset));
           offset = *persisted;
           need_query = false;
         }
@@ -488,18 +603,19 @@ class GcsObjectStore final : public ObjectStore {
           // running crc32c from the file up to where it stands.
           crc = 0;
           crc_upto = 0;
-          if (lseek(f.fd, 0, SEEK_SET) < 0) return ErrnoToStatus(errno, "seeking " + path);
           while (crc_upto < offset) {
-            auto part = ReadChunk(f.fd, std::min(o_.chunk_bytes, offset - crc_upto));
-            if (!part.ok()) return part.status();
-            if (part->empty()) return FailedPreconditionError(path + " shrank while being uploaded");
-            crc = Crc32cExtend(crc, *part);
-            crc_upto += part->size();
+            if (auto st = ReadAt(f.fd, base + crc_upto, std::min(o_.chunk_bytes, offset - crc_upto), buf); !st.ok()) {
+              return Status(st.code(), st.message() + " " + path);
+            }
+            if (buf.empty()) return FailedPreconditionError(path + " shrank while being uploaded");
+            crc = Crc32cExtend(crc, buf);
+            crc_upto += buf.size();
           }
         }
-        if (lseek(f.fd, static_cast<off_t>(offset), SEEK_SET) < 0) return ErrnoToStatus(errno, "seeking " + path);
-        auto chunk = ReadChunk(f.fd, std::min(o_.chunk_bytes, size - offset));
-        if (!chunk.ok()) return chunk.status();
+        if (auto st = ReadAt(f.fd, base + offset, std::min(o_.chunk_bytes, size - offset), buf); !st.ok()) {
+          return Status(st.code(), st.message() + " " + path);
+        }
+        const std::string* chunk = &buf;
         if (chunk->empty() || (offset + chunk->size() < size && chunk->size() % kQuantum != 0)) {
           return FailedPreconditionError(path + " changed size while being uploaded");
         }
@@ -513,13 +629,17 @@ class GcsObjectStore final : public ObjectStore {
           req.headers.emplace_back("x-goog-hash", "crc32c=" + Crc32cToBase64(chunk_crc));
         }
         std::size_t sent = chunk->size();
-        req.body = std::move(*chunk);
-        auto r = Perform(std::move(req), ctx);
+        req.body = std::move(buf);
+        auto r = Send(req, ctx);
+        buf = std::move(req.body);  // the buffer comes back for the next chunk
         if (!r.ok()) {
           need_query = true;
           return r.status();
         }
-        if (r->status == 200 || r->status == 201) return Verified(*r, name, chunk_crc);
+        if (r->status == 200 || r->status == 201) {
+          ctx.Moved(static_cast<std::int64_t>(size - offset));
+          return Verified(*r, name, chunk_crc);
+        }
         if (r->status == 308) {
           auto parsed = PersistedBytes(*r, size);
           if (!parsed.ok()) {
@@ -531,6 +651,7 @@ class GcsObjectStore final : public ObjectStore {
             crc = chunk_crc;
             crc_upto = persisted;
           }
+          ctx.Moved(static_cast<std::int64_t>(persisted) - static_cast<std::int64_t>(offset));
           offset = persisted;
           continue;
         }
@@ -539,6 +660,219 @@ class GcsObjectStore final : public ObjectStore {
         return err;
       }
     });
+  }
+
+  // Parts of a large file: at least part_min_bytes each, at most
+  // kMaxComponents of them (compose takes 32 sources), whole 256 KiB units.
+  static constexpr std::size_t kMaxComponents = 32;
+  std::uint64_t PartBytes(std::uint64_t size) const {
+    std::uint64_t part = std::max<std::uint64_t>(o_.part_min_bytes, (size + kMaxComponents - 1) / kMaxComponents);
+    return (part + kQuantum - 1) / kQuantum * kQuantum;
+  }
+  std::size_t PartCount(std::uint64_t size) const {
+    return static_cast<std::size_t>((size + PartBytes(size) - 1) / PartBytes(size));
+  }
+
+  // Bytes [base, base + size) of `path` as the object `name`: one multipart
+  // request when small, a resumable upload otherwise. The caller holds a
+  // slot. `describe`: the whole file, as the object the caller named (its
+  // description attached, and a file that grew meanwhile refused); else a
+  // part.
+  StatusOr<ObjectInfo> UploadRange(const std::string& name, const std::string& path, std::uint64_t base,
+                                   std::size_t size, const Precondition& pre, bool describe, const CallContext& ctx) {
+    if (size > o_.multipart_max_bytes) return Resumable(name, path, base, size, pre, describe, ctx);
+    auto r = Retry(ctx, kWrite, [&]() -> StatusOr<ObjectInfo> {
+      Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+      if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
+      std::string data;
+      // One byte more than expected shows a file that grew.
+      if (auto st = ReadAt(f.fd, base, size + (describe ? 1 : 0), data); !st.ok()) {
+        return Status(st.code(), st.message() + " " + path);
+      }
+      if (data.size() != size) return FailedPreconditionError(path + " changed size while being read");
+      return Multipart(name, data, Crc32c(data), pre, describe, ctx);
+    });
+    if (r.ok()) ctx.Moved(static_cast<std::int64_t>(size));
+    return r;
+  }
+
+  // A parallel composite upload: the file goes up as parts NAME.part-KK in
+  // parallel (each on a transfer slot), then one `compose` makes NAME of them
+  // (checked against the crc32c of the whole, combined from the parts'), and
+  // the parts are deleted. Composite objects have a crc32c but no MD5. Parts
+  // a crash leaves behind are named after NAME, so whoever collects NAME's
+  // garbage collects them too.
+  StatusOr<ObjectInfo> Composite(const std::string& name, const std::string& path, std::uint64_t size,
+                                 const Precondition& pre, const CallContext& ctx) {
+    const std::uint64_t part = PartBytes(size);
+    const std::size_t n = PartCount(size);
+    std::vector<StatusOr<ObjectInfo>> parts(n, StatusOr<ObjectInfo>(CancelledError("not started")));
+    std::atomic<bool> failed{false};
+    RunOnThreads(n, slots_.Capacity(ctx), [&](std::size_t i) {
+      if (failed.load()) return;
+      Slot slot(slots_, ctx);
+      if (!slot.status().ok()) {
+        parts[i] = slot.status();
+        failed = true;
+        return;
+      }
+      std::uint64_t off = i * part;
+      parts[i] = UploadRange(PartName(name, i), path, off, static_cast<std::size_t>(std::min(part, size - off)), {},
+                             /*describe=*/false, ctx);
+      if (!parts[i].ok()) failed = true;
+    });
+    auto cleanup = [&] { DeleteParts(name, parts, ctx); };
+    std::uint32_t crc = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!parts[i].ok()) {
+        cleanup();
+        return parts[i].status();
+      }
+      crc = i == 0 ? parts[i]->crc32c : Crc32cCombine(crc, parts[i]->crc32c, parts[i]->size);
+    }
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != size) {
+      cleanup();
+      return FailedPreconditionError(path + " changed size while being uploaded");
+    }
+    Json sources = Json::array();
+    for (auto const& p : parts) sources.push_back({{"name", FullName(p->name)}, {"generation", std::to_string(p->generation)}});
+    Json body = {{"kind", "storage#composeRequest"}, {"sourceObjects", sources}, {"destination", Describe(name)}};
+    // A replay after a lost answer composes the same parts again (or meets
+    // 412 under a precondition, which the caller reconciles as for any write).
+    auto composed = Retry(ctx, kWrite, [&]() -> StatusOr<ObjectInfo> {
+      auto req = Request("POST", ObjectUrl(name) + "/compose" + Query(pre, '?'));
+      req.headers = {{"Content-Type", "application/json; charset=UTF-8"}};
+      req.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+      auto r = Perform(std::move(req), ctx);
+      if (!r.ok()) return r.status();
+      if (r->status != 200) return HttpError(*r, "composing " + Url(name) + " of its parts", BucketUrl());
+      return Verified(*r, name, crc);
+    });
+    cleanup();
+    return composed;
+  }
+
+  std::string PartName(const std::string& name, std::size_t i) const { return fmt::format("{}.part-{:02}", name, i); }
+
+  // Best effort, in parallel: a part left behind costs storage, not safety.
+  void DeleteParts(const std::string& name, const std::vector<StatusOr<ObjectInfo>>& parts, const CallContext& ctx) {
+    RunOnThreads(parts.size(), slots_.Capacity(ctx), [&](std::size_t i) {
+      if (!parts[i].ok()) return;
+      auto r = Perform(Request("DELETE", ObjectUrl(PartName(name, i)) + Query(Precondition{parts[i]->generation}, '?')), ctx);
+      (void)r;
+    });
+  }
+
+  // A large object comes down as byte ranges in parallel, written in place
+  // into a file preallocated to its size; each range's crc32c is combined
+  // in order and the whole checked against the object's. The first range
+  // pins the generation, so every range reads the same object.
+  StatusOr<ObjectInfo> RangedDownload(const std::string& name, const std::string& path, std::uint64_t size,
+                                      const CallContext& ctx) {
+    Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
+    if (int e = posix_fallocate(f.fd, 0, static_cast<off_t>(size)); e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+      auto st = ErrnoToStatus(e, "allocating " + std::to_string(size) + " bytes for " + path);
+      return st.code() == StatusCode::kInternal ? FailedPreconditionError(st.message()) : st;
+    }
+    const std::uint64_t part = PartBytes(size);
+    const std::size_t n = PartCount(size);
+    struct Range {
+      std::uint32_t crc = 0;
+      std::uint64_t got = 0;
+      Status status = CancelledError("not started");
+    };
+    std::vector<Range> ranges(n);
+    std::mutex mu;
+    std::int64_t generation = 0;  // from the first range
+    std::optional<std::uint32_t> whole_crc;
+    auto fetch = [&](std::size_t i) -> Status {
+      std::uint64_t first = i * part, last = std::min(size, first + part) - 1;
+      Slot slot(slots_, ctx);
+      if (!slot.status().ok()) return slot.status();
+      std::uint64_t counted = 0;
+      return Retry(ctx, Idempotency::kIdempotent, [&]() -> Status {
+        ctx.Moved(-static_cast<std::int64_t>(counted));
+        counted = 0;
+        Range r;
+        std::string url = ObjectUrl(name) + "?alt=media";
+        {
+          std::lock_guard lk(mu);
+          if (generation != 0) url += fmt::format("&generation={}", generation);
+        }
+        HttpRequest req = Request("GET", url);
+        req.headers = {{"Range", fmt::format("bytes={}-{}", first, last)}};
+        req.timeout = std::chrono::hours(24);  // bounded by low_speed_limit instead
+        req.low_speed_limit = 1024;
+        Status write_error;
+        req.on_body = [&](std::string_view chunk) {
+          if (r.got + chunk.size() > last - first + 1) {
+            write_error = UnavailableError(fmt::format("downloading {}: more bytes than the range asked for", Url(name)));
+            return false;
+          }
+          r.crc = Crc32cExtend(r.crc, chunk);
+          write_error = WriteAt(f.fd, first + r.got, chunk, path);
+          r.got += chunk.size();
+          counted += chunk.size();
+          ctx.Moved(static_cast<std::int64_t>(chunk.size()));
+          return write_error.ok();
+        };
+        auto resp = Send(req, ctx);
+        if (!write_error.ok()) return write_error;
+        if (!resp.ok()) return resp.status();
+        if (resp->status != 206) {
+          if (resp->status == 200) {
+            return UnavailableError(fmt::format("downloading {}: the server ignored the byte range", Url(name)));
+          }
+          return HttpError(*resp, "downloading " + Url(name), BucketUrl());
+        }
+        auto total = ParseContentRangeTotal(resp->Header("content-range"));
+        if (!total || *total != size) {
+          return FailedPreconditionError(fmt::format(
+              "downloading {}: the object is not the {} bytes the manifest names (Content-Range \"{}\")", Url(name), size,
+              output::EscapeInvalidUtf8(resp->Header("content-range").substr(0, 100))));
+        }
+        if (r.got != last - first + 1) return UnavailableError(fmt::format("downloading {}: a range came back short", Url(name)));
+        auto server = HeaderCrc32c(*resp);
+        std::lock_guard lk(mu);
+        if (generation == 0) generation = HeaderGeneration(*resp);
+        if (server) whole_crc = *server;
+        ranges[i] = Range{r.crc, r.got, OkStatus()};
+        return OkStatus();
+      });
+    };
+    // The first range alone, to pin the generation; then the rest at once.
+    ranges[0].status = fetch(0);
+    if (!ranges[0].status.ok()) return ranges[0].status;
+    std::atomic<bool> failed{false};
+    RunOnThreads(n - 1, slots_.Capacity(ctx), [&](std::size_t k) {
+      if (failed.load()) return;
+      auto st = fetch(k + 1);
+      if (!st.ok()) {
+        std::lock_guard lk(mu);
+        ranges[k + 1].status = st;
+        failed = true;
+      }
+    });
+    std::uint32_t crc = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!ranges[i].status.ok()) return ranges[i].status;
+      crc = i == 0 ? ranges[i].crc : Crc32cCombine(crc, ranges[i].crc, ranges[i].got);
+    }
+    if (whole_crc && *whole_crc != crc) {
+      return UnavailableError(fmt::format("downloading {}: crc32c mismatch (got {}, server says {}): corrupted in transit",
+                                          Url(name), Crc32cToBase64(crc), Crc32cToBase64(*whole_crc)));
+    }
+    if (fsync(f.fd) != 0) return ErrnoToStatus(errno, "flushing " + path);
+    return ObjectInfo{name, generation, size, crc};
+  }
+
+  // "bytes FIRST-LAST/TOTAL" -> TOTAL.
+  static std::optional<std::uint64_t> ParseContentRangeTotal(const std::string& h) {
+    auto slash = h.rfind('/');
+    if (slash == std::string::npos || h.rfind("bytes ", 0) != 0) return std::nullopt;
+    return ParseUint64(Trim(std::string_view(h).substr(slash + 1)));
   }
 
   // "Range: bytes=0-N": N+1 bytes persisted; no Range: none. A malformed
@@ -554,6 +888,7 @@ class GcsObjectStore final : public ObjectStore {
 
   GcsOptions o_;
   std::unique_ptr<TokenProvider> tokens_;
+  TransferSlots slots_;
   CancellableSleeper default_sleeper_;
   std::mutex pool_mu_;
   std::vector<std::shared_ptr<HttpClient>> pool_;

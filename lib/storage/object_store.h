@@ -50,8 +50,10 @@ class ObjectStore {
   // kNotFound when there is no such object.
   virtual StatusOr<std::string> ReadBytes(const std::string& name, ObjectInfo* info, const CallContext& ctx) = 0;
   // Streams to `path` (which must not exist yet) and verifies the crc32c.
+  // `size_hint`: the size the caller expects (0: unknown); a store may fetch
+  // a large object in parallel ranges when it knows it.
   virtual StatusOr<ObjectInfo> DownloadToFile(const std::string& name, const std::string& path,
-                                              const CallContext& ctx) = 0;
+                                              std::uint64_t size_hint, const CallContext& ctx) = 0;
   virtual StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const CallContext& ctx) = 0;
   // Deleting an object that is already gone is not an error.
   virtual Status Delete(const std::string& name, const Precondition& pre, const CallContext& ctx) = 0;

@@ -24,6 +24,7 @@ nlohmann::json StatusFileObserver::Json(const RunView& v) const {
   if (!v.reason.empty()) j["reason"] = v.reason;
   if (!v.last_sync.is_null()) j["last_sync"] = v.last_sync;
   if (!v.checkpoint.is_null()) j["checkpoint"] = v.checkpoint;
+  if (!v.transfer.is_null()) j["transfer"] = v.transfer;
   // Identifies this process beyond its pid (`spotvisor sync` checks it).
   if (v.start_time_ticks) j["start_time_ticks"] = *v.start_time_ticks;
   if (!v.boot_id.empty()) j["boot_id"] = v.boot_id;
@@ -53,6 +54,7 @@ void GuestAttributesObserver::OnChange(const RunView& v) {
       {"last_sync", v.last_sync.is_null() ? "" : Dump(v.last_sync)},
       {"reason", v.reason},
       {"checkpoint", v.checkpoint.is_null() ? "" : Dump(v.checkpoint)},
+      {"transfer", v.transfer.is_null() ? "" : Dump(v.transfer)},
   });
 }
 

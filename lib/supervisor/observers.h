@@ -37,6 +37,7 @@ struct RunView {
   std::string last_event, last_message;
   nlohmann::json last_sync;        // null: no sync yet
   nlohmann::json checkpoint;       // DurabilityTracker::Json; null: no bucket, or not restored yet
+  nlohmann::json transfer;         // a sync or restore in progress (SyncProgress); null: none
   int spotvisor_pid = 0;
   std::optional<std::uint64_t> start_time_ticks;
   std::string boot_id;

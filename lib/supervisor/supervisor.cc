@@ -170,6 +170,32 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
   observers_.push_back(std::make_unique<StatusFileObserver>(options_.config.state_dir, clock_, logger_));
   if (options_.guest_attributes) observers_.push_back(std::make_unique<GuestAttributesObserver>(options_.guest_attributes));
   if (options_.notifier) observers_.push_back(std::make_unique<SystemdObserver>(io_, clock_, options_.notifier));
+  if (options_.sync) {
+    // From the worker moving the bytes: on to the loop. The pool is drained
+    // in the destructor before io_ goes, so nothing is posted to a dead loop.
+    options_.sync->SetProgressHandler([this](const SyncProgress& p) { asio::post(io_, [this, p] { OnTransferProgress(p); }); });
+  }
+}
+
+void Supervisor::OnTransferProgress(const SyncProgress& p) {
+  auto rate = p.Rate();
+  auto left = p.SecondsLeft();
+  double pct = p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 100.0;
+  std::string what = p.op == "restore" ? "restore" : transfer_kind_ + " sync";
+  auto message = fmt::format("{}: {} of {} ({:.0f}%) in {:.1f}s{}{}", what, FormatBytes(p.bytes_done), FormatBytes(p.bytes_total),
+                             pct, p.elapsed_s, rate ? fmt::format(", {:.1f} MB/s", *rate / 1e6) : "",
+                             left ? fmt::format(", about {:.0f}s left", *left) : "");
+  nlohmann::json fields = {{"kind", p.op == "restore" ? "restore" : transfer_kind_},
+                           {"bytes_done", p.bytes_done},
+                           {"bytes_total", p.bytes_total},
+                           {"files", p.files_total},
+                           {"elapsed_s", p.elapsed_s},
+                           {"throughput_mbps", rate ? nlohmann::json(*rate / 1e6) : nlohmann::json(nullptr)},
+                           {"eta_s", left ? nlohmann::json(*left) : nlohmann::json(nullptr)}};
+  logger_.Info(p.op == "restore" ? "restore.progress" : "sync.progress", message, fields);
+  transfer_ = fields;
+  transfer_["as_of"] = FormatRfc3339(clock_.WallNow());
+  WriteStatus(LogEvent{Severity::kInfo, p.op == "restore" ? "restore.progress" : "sync.progress", message, {}});
 }
 
 // Work still in flight (a stuck mount, a hung API) is cancelled and given a
@@ -445,10 +471,13 @@ void Supervisor::StartRestore() {
   logger_.Info("restore.start", fmt::format("looking for a checkpoint in {}", engine->Describe()),
                {{"bucket", engine->Describe()}});
   CallContext ctx;
+  ctx.clock = &clock_;
   ctx.cancel = restore_cancel_ = NewWork();
+  transfer_kind_ = "restore";
   pool_.Post([this, engine, ctx] {
     auto r = engine->Restore(ctx);
     asio::post(io_, [this, r = std::move(r)] {
+      transfer_ = nullptr;
       if (r.ok() && !r->state_warning.empty()) logger_.Warn("sync.state_not_saved", r->state_warning);
       if (!r.ok()) {
         Dispatch(RestoreDone{false, false, false, r.status().message()});
@@ -695,6 +724,7 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   if (final || kind == "restart") mode = exit_code == 0 ? SyncKind::kCompleted : SyncKind::kStopped;
   SyncOutcome outcome{clock_.Now(), clock_.WallNow(), std::nullopt};
   durability_.SyncInFlight(outcome.started);
+  transfer_kind_ = kind;
   // How the run ended, for `spotvisor runs` (status.json in the run's
   // directory), written after the final sync within its deadline.
   nlohmann::json ended;
@@ -725,6 +755,7 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
     periodic_cancel_.reset();
   }
   durability_.SyncInFlight(std::nullopt);
+  transfer_ = nullptr;
   if (outcome.uncommitted) {
     uncommitted_ = outcome.uncommitted;
     uncommitted_as_of_ = clock_.WallNow();
@@ -1040,6 +1071,7 @@ RunView Supervisor::View(const LogEvent& last) const {
   v.last_event = last.event;
   v.last_message = last.message;
   v.last_sync = last_sync_;
+  v.transfer = transfer_;
   if (options_.sync && restored_) {
     v.checkpoint = durability_.Json(clock_.Now(), clock_.WallNow(), options_.sync->Committed(), uncommitted_,
                                     uncommitted_as_of_);

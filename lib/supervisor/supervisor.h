@@ -172,6 +172,11 @@ class Supervisor {
   bool fence_logged_ = false;
   bool restored_ = false;
   nlohmann::json last_sync_;
+  // The sync or restore moving bytes now (SyncProgress, for status); null
+  // when none. transfer_kind_: which one ("restore", "periodic", "final", ...).
+  nlohmann::json transfer_;
+  std::string transfer_kind_;
+  void OnTransferProgress(const SyncProgress& p);
   CancellableSleeper compute_sleeper_;
   std::vector<std::unique_ptr<OutputPump>> pumps_;
   pid_t trainer_pid_ = 0;

@@ -198,6 +198,50 @@ Status ParallelFor(std::size_t n, int parallelism, Fn fn) {
   return first;
 }
 
+// Counts the bytes a transfer's store calls confirm (CallContext::on_bytes)
+// and hands a SyncProgress to the handler at most every `every`, from
+// whichever worker crossed the mark.
+class ProgressMeter {
+ public:
+  ProgressMeter(std::string op, std::uint64_t total, int files, const Clock& clock, std::chrono::milliseconds every,
+                const std::function<void(const SyncProgress&)>& report)
+      : op_(std::move(op)), total_(total), files_(files), clock_(clock), every_(every), report_(report),
+        start_(clock.Now()), next_(start_ + every) {}
+  // The caller's context, counting into this meter.
+  CallContext Counting(const CallContext& ctx) {
+    CallContext c = ctx;
+    if (report_ && every_.count() > 0) c.on_bytes = [this](std::int64_t n) { Add(n); };
+    return c;
+  }
+
+ private:
+  void Add(std::int64_t n) {
+    auto done = done_.fetch_add(n) + n;
+    auto now = clock_.Now();
+    std::unique_lock lk(mu_, std::try_to_lock);
+    if (!lk.owns_lock() || now < next_) return;
+    next_ = now + every_;
+    SyncProgress p;
+    p.op = op_;
+    p.bytes_done = static_cast<std::uint64_t>(std::clamp<std::int64_t>(done, 0, static_cast<std::int64_t>(total_)));
+    p.bytes_total = total_;
+    p.files_total = files_;
+    p.elapsed_s = std::chrono::duration<double>(now - start_).count();
+    report_(p);
+  }
+
+  const std::string op_;
+  const std::uint64_t total_;
+  const int files_;
+  const Clock& clock_;
+  const std::chrono::milliseconds every_;
+  const std::function<void(const SyncProgress&)>& report_;
+  const SteadyTime start_;
+  std::atomic<std::int64_t> done_{0};
+  std::mutex mu_;
+  SteadyTime next_;
+};
+
 StatusOr<std::uint32_t> FileCrc32c(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, Escaped(path));
@@ -744,10 +788,15 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
 // crc32c) kept as they are, so an interrupted restore or pull goes on where
 // it stopped.
 Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, RestoreStats& stats,
-                                  const CallContext& ctx) {
+                                  const CallContext& caller_ctx) {
   const Manifest* m = &manifest;
   std::mutex stats_mu;
   auto const& entries = m->files;
+  std::uint64_t total = 0;
+  for (auto const& e : entries) total += e.size;
+  ProgressMeter meter("restore", total, static_cast<int>(entries.size()), clock_, o_.progress_interval, progress_handler_);
+  const CallContext counted = meter.Counting(caller_ctx);
+  const CallContext& ctx = counted;
   auto s = ParallelFor(entries.size(), o_.parallelism, [&](std::size_t i) -> Status {
     if (auto c = ctx.Check("restoring"); !c.ok()) return c;
     auto const& e = entries[i];
@@ -761,7 +810,7 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
     }
     if (!have) {
       auto tmp = fmt::format("{}{}{}", target, kRestoreTmp, getpid());
-      auto got = store_->DownloadToFile(e.object, tmp, ctx);
+      auto got = store_->DownloadToFile(e.object, tmp, e.size, ctx);
       if (!got.ok()) {
         unlink(tmp.c_str());
         return Status(got.status().code(), fmt::format("restoring {}: {}", Escaped(e.path), got.status().message()));
@@ -1202,7 +1251,13 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     FileMap fresh;
     std::uint64_t bytes = 0;
     int count = 0;
-    auto up = ParallelFor(changed.size(), o_.parallelism, [&](std::size_t i) -> Status {
+    int files_at_once = ctx.urgent && o_.urgent_parallelism > 0 ? o_.urgent_parallelism : o_.parallelism;
+    std::uint64_t to_send = 0;
+    for (auto const* e : changed) to_send += e->st.size;
+    ProgressMeter meter("sync", to_send, static_cast<int>(changed.size()), clock_, o_.progress_interval,
+                        progress_handler_);
+    const CallContext upload_ctx = meter.Counting(ctx);
+    auto up = ParallelFor(changed.size(), files_at_once, [&](std::size_t i) -> Status {
       if (moved.load()) return OkStatus();
       auto const& e = *changed[i];
       auto path = root + "/" + e.rel;
@@ -1218,7 +1273,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       }
       auto object = fmt::format("{}{}~{}.{}", kObjectsDir, e.rel, seq, nonce);
       auto from = stage ? source[e.rel] : path;
-      auto r = store_->UploadFile(object, from, {}, ctx);
+      auto r = store_->UploadFile(object, from, {}, upload_ctx);
       auto after = LstatRegular(path);
       if (!r.ok() && r.status().code() != StatusCode::kNotFound) ++abandoned_uploads_;
       if (!r.ok()) {
@@ -1333,6 +1388,17 @@ int SyncEngine::CollectAfterDone(const CallContext& ctx) {
     if (store_->Delete(o.name, Precondition{o.generation}, ctx).ok()) ++deleted;
   }
   return deleted;
+}
+
+std::optional<double> SyncProgress::Rate() const {
+  if (bytes_done == 0 || elapsed_s <= 0) return std::nullopt;
+  return static_cast<double>(bytes_done) / elapsed_s;
+}
+
+std::optional<double> SyncProgress::SecondsLeft() const {
+  auto rate = Rate();
+  if (!rate) return std::nullopt;
+  return static_cast<double>(bytes_total - std::min(bytes_done, bytes_total)) / *rate;
 }
 
 }  // namespace spotvisor

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,6 +64,12 @@ struct SyncOptions {
   std::string run_id;
   std::string instance;
   int parallelism = 4;
+  // Files at once when the context is urgent (the final sync inside a Spot
+  // window); 0: the same as parallelism.
+  int urgent_parallelism = 0;
+  // How often a sync or restore that is still moving bytes reports its
+  // progress (0: never).
+  std::chrono::milliseconds progress_interval{5000};
   // The tree counts as complete once no file in it changed for this long
   // (unless the completion marker says so sooner).
   std::chrono::milliseconds settle{5000};
@@ -108,6 +115,20 @@ struct CommittedView {
 struct UncommittedView {
   int files = 0;            // new, changed or removed since the last commit
   std::uint64_t bytes = 0;  // the size now of the new and changed ones
+};
+
+// A long transfer as it goes: reported at most every
+// SyncOptions::progress_interval while a sync uploads or a restore (or pull)
+// downloads, from a worker thread.
+struct SyncProgress {
+  std::string op;                // "sync" or "restore"
+  std::uint64_t bytes_done = 0;  // confirmed by the store so far
+  std::uint64_t bytes_total = 0;
+  int files_total = 0;
+  double elapsed_s = 0;
+  // From the rate so far; nullopt until something moved.
+  std::optional<double> Rate() const;                // bytes a second
+  std::optional<double> SecondsLeft() const;
 };
 
 struct SyncStats {
@@ -181,6 +202,9 @@ class SyncEngine {
   StatusOr<RestoreStats> Pull(std::optional<std::int64_t> sequence, const CallContext& ctx = Background());
   // Writes the run's status.json (kRunStatus); not once fenced off.
   Status PublishRunStatus(const nlohmann::json& status, const CallContext& ctx = Background());
+  // Who hears of SyncProgress (null: nobody). Set before the first sync or
+  // restore; called from the worker running it, must not block.
+  void SetProgressHandler(std::function<void(const SyncProgress&)> handler) { progress_handler_ = std::move(handler); }
   // Thread-safe; never waits for a sync.
   CommittedView Committed() const;
   // Scans CHECKPOINT_DIR (lstat only) against the last commit. Thread-safe;
@@ -218,6 +242,7 @@ class SyncEngine {
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;
   const Clock& clock_;
+  std::function<void(const SyncProgress&)> progress_handler_;
   std::mutex mu_;
   FileMap state_;  // path relative to checkpoint_dir -> what the committed manifest holds
   bool restored_ = false;

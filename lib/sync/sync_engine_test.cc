@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -48,8 +49,8 @@ class FailingStore final : public ObjectStore {
   StatusOr<std::string> ReadBytes(const std::string& n, ObjectInfo* i, const CallContext& c) override {
     return inner_->ReadBytes(n, i, c);
   }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, const CallContext& c) override {
-    return inner_->DownloadToFile(n, p, c);
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, std::uint64_t z, const CallContext& c) override {
+    return inner_->DownloadToFile(n, p, z, c);
   }
   StatusOr<std::vector<ObjectInfo>> List(const std::string& p, const CallContext& c) override { return inner_->List(p, c); }
   Status Delete(const std::string& n, const Precondition& pre, const CallContext& c) override { return inner_->Delete(n, pre, c); }
@@ -95,8 +96,8 @@ class HookStore final : public ObjectStore {
   StatusOr<std::string> ReadBytes(const std::string& n, ObjectInfo* i, const CallContext& c) override {
     return inner_->ReadBytes(n, i, c);
   }
-  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, const CallContext& c) override {
-    return inner_->DownloadToFile(n, p, c);
+  StatusOr<ObjectInfo> DownloadToFile(const std::string& n, const std::string& p, std::uint64_t z, const CallContext& c) override {
+    return inner_->DownloadToFile(n, p, z, c);
   }
   StatusOr<std::vector<ObjectInfo>> List(const std::string& p, const CallContext& c) override {
     auto r = inner_->List(p, c);
@@ -227,6 +228,80 @@ TEST_CASE("sync, reboot, restore: the bytes come back identical") {
   auto s = e2.Sync(true);
   REQUIRE(s.ok());
   CHECK(s->files_uploaded == 0);
+}
+
+// Steady time moves a second on every reading: a long transfer, compressed.
+class TickingClock final : public Clock {
+ public:
+  SteadyTime Now() const override { return SteadyTime{} + std::chrono::seconds(ticks_++); }
+  WallTime WallNow() const override { return wall; }
+  WallTime wall = std::chrono::system_clock::now();
+
+ private:
+  mutable std::atomic<long> ticks_{0};
+};
+
+TEST_CASE("a long sync or restore reports its progress: bytes done of the total, at most every progress_interval") {
+  Dirs d;
+  FakeClock aging;
+  TickingClock clock;
+  aging.wall = clock.wall;
+  std::uint64_t total = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto path = fmt::format("{}/f{}", d.ckpt, i);
+    Write(path, std::string(static_cast<std::size_t>(1000 * (i + 1)), 'x'));
+    Age(path, aging, 60s);
+    total += static_cast<std::uint64_t>(1000 * (i + 1));
+  }
+  auto options = Options(d.ckpt);
+  options.progress_interval = 3s;
+  std::mutex mu;
+  std::vector<SyncProgress> seen;
+  auto record = [&](const SyncProgress& p) {
+    std::lock_guard lk(mu);
+    seen.push_back(p);
+  };
+  {
+    SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), options, clock);
+    e.SetProgressHandler(record);
+    REQUIRE(e.Restore().ok());
+    CHECK(seen.empty());  // nothing to download
+    REQUIRE(e.Sync(false).ok());
+  }
+  REQUIRE_FALSE(seen.empty());
+  for (auto const& p : seen) {
+    CHECK(p.op == "sync");
+    CHECK(p.bytes_total == total);
+    CHECK(p.files_total == 10);
+    CHECK(p.bytes_done > 0);
+    CHECK(p.bytes_done <= total);
+    CHECK(p.elapsed_s >= 3);
+    REQUIRE(p.Rate());
+    CHECK(*p.SecondsLeft() >= 0);
+  }
+  // A restore onto a new disk reports the same way.
+  seen.clear();
+  auto fresh = d.root + "/fresh";
+  fs::create_directories(fresh);
+  SyncEngine e2(MakeFileObjectStore(d.bucket + "/run1"), Options(fresh), clock);
+  auto quiet = Options(fresh);
+  e2.SetProgressHandler(record);
+  REQUIRE(e2.Restore().ok());
+  REQUIRE_FALSE(seen.empty());
+  for (auto const& p : seen) {
+    CHECK(p.op == "restore");
+    CHECK(p.bytes_total == total);
+  }
+  // progress_interval = 0: never.
+  seen.clear();
+  auto fresh2 = d.root + "/fresh2";
+  fs::create_directories(fresh2);
+  quiet.checkpoint_dir = fresh2;
+  quiet.progress_interval = 0s;
+  SyncEngine e3(MakeFileObjectStore(d.bucket + "/run1"), quiet, clock);
+  e3.SetProgressHandler(record);
+  REQUIRE(e3.Restore().ok());
+  CHECK(seen.empty());
 }
 
 TEST_CASE("incremental: unchanged files are never uploaded twice, the old version is deleted after commit") {

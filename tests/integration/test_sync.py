@@ -243,6 +243,151 @@ class GcsSyncTest(FileSyncTest):
         with open(self.path("ckpt2/big.bin"), "rb") as f:
             self.assertEqual(f.read(), big)
 
+    def test_a_large_file_goes_up_as_parallel_parts_composed_into_one_object(self):
+        os.makedirs(self.path("ckpt"))
+        big = os.urandom(40 * 1024 * 1024 + 12345)
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(big)
+        p = self.vm(["--run-for", "10"], **{"sync-parallel-min-size": "20M", "sync-parallelism": "2"})
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
+        self.assertEqual(p.wait_event("sync.complete", kind="final")["bytes"], len(big))
+        log = self.gcs.log()
+        composes = [e for e in log if e["kind"] == "compose"]
+        self.assertEqual(len(composes), 1)
+        parts = sorted({e["object"] for e in log if e["kind"] == "resumable" and ".part-" in (e["object"] or "")})
+        self.assertEqual([n.rsplit(".part-", 1)[1] for n in parts], ["00", "01", "02"])
+        # The parts are gone; one object holds the file, described like any other.
+        names = self.objects()
+        self.assertFalse([n for n in names if ".part-" in n], names)
+        obj = [o for o in self.gcs.objects(self.BUCKET, self.PREFIX + "checkpoints/")]
+        self.assertEqual(len(obj), 1)
+        self.assertEqual(obj[0].get("componentCount"), 3)
+        self.assertNotIn("md5Hash", obj[0])
+        self.assertEqual(obj[0]["metadata"]["spotvisor-path"], "big.bin")
+        self.assertEqual(self.object_bytes(obj[0]["name"][len(self.PREFIX):]), big)
+        # And a new VM gets it back byte for byte.
+        self.gcs.delete_object(self.BUCKET, self.PREFIX + "DONE")
+        p2 = self.vm(["--run-for", "10"], ckpt="ckpt2", **{"sync-parallel-min-size": "20M"})
+        self.assertEqual(p2.wait_exit(), 0)
+        with open(self.path("ckpt2/big.bin"), "rb") as f:
+            self.assertEqual(f.read(), big)
+
+    def test_faults_on_parts_and_on_compose_are_retried_and_leave_no_parts(self):
+        os.makedirs(self.path("ckpt"))
+        big = os.urandom(36 * 1024 * 1024)
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(big)
+        self.gcs.fault("status", code=503, count=1, upload_type="resumable")
+        self.gcs.fault("reset_mid_body", count=1, upload_type="chunk", add=True)
+        # The compose happens, its answer is lost: the replay composes again.
+        self.gcs.fault("reset_after", count=1, kind="compose", add=True)
+        p = self.vm(["--run-for", "10"], **{"sync-parallel-min-size": "20M"})
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
+        self.assertEqual(len([e for e in self.gcs.log() if e["kind"] == "compose"]), 2)
+        names = self.objects()
+        self.assertFalse([n for n in names if ".part-" in n], names)
+        self.assertEqual(self.object_bytes(self.manifest()["files"][0]["object"]), big)
+
+    def test_kill_9_mid_parallel_upload_restores_the_previous_commit_and_its_parts_are_collected(self):
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(b"epoch-1" * 1000)
+        sets = {"sync-parallel-min-size": "20M"}
+        p = self.vm(["--marker-file", self.path("marker")], **sets)
+        p.wait_trainer_ready()
+        p.signal(signal.SIGUSR1)
+        p.wait_event("sync.complete", kind="on-demand")
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(os.urandom(40 * 1024 * 1024))
+        # The two 16 MiB parts (resumable) hang; the 8 MiB last part (one
+        # multipart request) lands: the power goes then.
+        self.gcs.fault("slow", delay_ms=30000, upload_type="chunk", object_prefix=self.PREFIX + "checkpoints/model~2")
+        p.signal(signal.SIGUSR1)
+        self.assertTrue(self.gcs.wait_for_inflight(1, 20), "the upload never started")
+        p.proc.kill()
+        p.wait_exit()
+        start = [l for l in self.marker_lines() if l.startswith("start pid=")]
+        if start:
+            try:
+                os.killpg(int(start[0].split("pid=")[1].split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.gcs.fault("none")
+        p2 = self.vm(["--run-for", "10"], ckpt="ckpt2", **sets)
+        self.assertEqual(p2.wait_exit(), 0)
+        self.assertEqual(p2.wait_event("restore.complete")["sequence"], 1)
+        with open(self.path("ckpt2/model"), "rb") as f:
+            self.assertEqual(f.read(), b"epoch-1" * 1000)
+        # The run is done: nothing but what its last manifest names is left.
+        live = {f["object"] for f in self.manifest()["files"]}
+        self.assertEqual({n for n in self.objects() if n.startswith("checkpoints/")}, live)
+
+    def test_a_large_object_comes_back_as_parallel_ranges_checked_as_a_whole(self):
+        os.makedirs(self.path("ckpt"))
+        big = os.urandom(40 * 1024 * 1024 + 12345)
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(big)
+        p = self.vm(["--run-for", "10"], **{"sync-parallel-min-size": "0"})
+        self.assertEqual(p.wait_exit(), 0)
+        self.gcs.delete_object(self.BUCKET, self.PREFIX + "DONE")
+        self.gcs.reset_log()
+        # One range is cut mid-body: it alone is fetched again.
+        self.gcs.fault("reset_mid_body", count=1, kind="download", object_prefix=self.PREFIX + "checkpoints/big")
+        p2 = self.vm(["--run-for", "10"], ckpt="ckpt2", **{"sync-parallel-min-size": "20M"})
+        self.assertEqual(p2.wait_exit(), 0, "".join(p2.raw[-20:]))
+        with open(self.path("ckpt2/big.bin"), "rb") as f:
+            self.assertEqual(f.read(), big)
+        gets = [e for e in self.gcs.log() if e["kind"] == "download" and "checkpoints/big" in (e["object"] or "")]
+        done = sorted((e["headers"].get("range"), "generation" in e["query"]) for e in gets if e["status"] == 206)
+        # 16 MiB parts (at least part size, at most 32 parts): three ranges, the
+        # last one short; every range after the first pins the generation.
+        mib16 = 16 * 1024 * 1024
+        self.assertEqual(done, [(f"bytes=0-{mib16 - 1}", False),
+                                (f"bytes={mib16}-{2 * mib16 - 1}", True),
+                                (f"bytes={2 * mib16}-{len(big) - 1}", True)])
+        self.assertEqual(len(gets), 4)  # the three, and the one that was cut
+
+    def test_an_object_whose_size_is_not_the_manifests_fails_the_restore_loudly(self):
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(os.urandom(40 * 1024 * 1024))
+        p = self.vm(["--run-for", "10"], **{"sync-parallel-min-size": "0"})
+        self.assertEqual(p.wait_exit(), 0)
+        self.gcs.delete_object(self.BUCKET, self.PREFIX + "DONE")
+        obj = self.manifest()["files"][0]["object"]
+        self.put_object(obj, os.urandom(41 * 1024 * 1024))  # someone replaced it
+        p2 = self.vm(["--run-for", "10"], ckpt="ckpt2", **{"sync-parallel-min-size": "20M"})
+        self.assertEqual(p2.wait_exit(), 74)
+        failed = p2.wait_event("restore.failed")
+        self.assertIn("not the 41943040 bytes the manifest names", failed["message"])
+        self.assertFalse(os.path.exists(self.path("ckpt2/big.bin")))
+
+    def test_a_long_sync_reports_its_progress_in_events_and_status(self):
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(b"epoch-1")
+        p = self.vm(["--marker-file", self.path("marker")], **{"sync-parallel-min-size": "0"})
+        p.wait_trainer_ready()
+        p.signal(signal.SIGUSR1)
+        p.wait_event("sync.complete", kind="on-demand")
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(os.urandom(40 * 1024 * 1024))
+        # Three 16 MiB chunks, each held 3 s by the server: the sync lasts about 9 s.
+        self.gcs.fault("slow", delay_ms=3000, upload_type="chunk")
+        p.signal(signal.SIGUSR1)
+        prog = p.wait_event("sync.progress", timeout=30)
+        self.assertEqual((prog["kind"], prog["bytes_total"], prog["files"]), ("on-demand", 40 * 1024 * 1024, 1))
+        self.assertLessEqual(prog["bytes_done"], prog["bytes_total"])
+        self.assertGreaterEqual(prog["elapsed_s"], 5)
+        status = subprocess.run([os.environ["SPOTVISOR_BIN"], "status", "--state-dir", self.path("state")],
+                                capture_output=True, text=True).stdout
+        self.assertRegex(status, r"transfer:\s+on-demand sync: .* of 41\.9 MB \(\d+%\)")
+        p.wait_event("sync.complete", kind="on-demand", sequence=2, timeout=60)
+        self.gcs.fault("none")
+        status = subprocess.run([os.environ["SPOTVISOR_BIN"], "status", "--state-dir", self.path("state"), "--json"],
+                                capture_output=True, text=True).stdout
+        self.assertNotIn("transfer", json.loads(status))
+
     def test_transient_faults_on_every_request_type_are_retried(self):
         os.makedirs(self.path("ckpt"))
         with open(self.path("ckpt/small"), "w") as f:
