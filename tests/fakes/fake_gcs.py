@@ -5,10 +5,9 @@ Speaks the Cloud Storage JSON API subset described in
 /work/shared/REFERENCE.md ("Cloud Storage JSON API") over loopback: media,
 multipart and resumable uploads, listing, object metadata, downloads (with
 Range), deletes, server-side copy and rewrite (multi-call with rewrite
-tokens) and generation preconditions. A control API under /_fake/
-on the same port lets tests seed data, inject faults and observe exactly
-what the client did. Point clients at it with
-STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT.
+tokens) and generation preconditions. A control API under /_fake/ on the same port lets
+tests seed data, inject faults and observe exactly what the client did.
+Point clients at it with STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT.
 
 Use it in-process:
 
@@ -19,13 +18,16 @@ Use it in-process:
 
 or as a script:
 
-    fake_gcs.py serve [--port 0] [--port-file PATH] [--bucket NAME] ...
+    fake_gcs.py serve [--port 0] [--port-file PATH] [--bucket NAME] [--sink] ...
     fake_gcs.py ctl --port PORT objects ckpt
 
-Needs Debian's /usr/bin/python3 (3.11) with python3-crcmod (the C extension
-computes CRC32C); nothing else outside the standard library. See the
-"fake_gcs.py" section of README.md next to this file for the contract and
-the deviations from the real service.
+sink=True (--sink) makes it a sink for upload benchmarks: uploads keep only
+size, crc32c, md5Hash and generation, never the bytes.
+
+Needs Debian's /usr/bin/python3 (3.11) with python3-crc32c (preferred) or
+python3-crcmod for CRC32C; nothing else outside the standard library. See
+the "fake_gcs.py" section of README.md next to this file for the contract,
+the deviations from the real service and the performance notes.
 """
 
 import argparse
@@ -36,7 +38,9 @@ import email.utils
 import hashlib
 import http.server
 import json
+import mmap
 import os
+import queue
 import re
 import secrets
 import signal
@@ -49,12 +53,30 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 
+# CRC32C: Debian's python3-crc32c (ICRAR crc32c; Debian 12 builds it without
+# the SSE4.2 path, still ~4.5x crcmod), else crcmod's C extension. Both hold
+# the GIL; MD5 (hashlib) releases it, so MD5 is what runs on helper threads.
 try:
-    import crcmod.predefined
-except ImportError as _e:  # pragma: no cover - environment problem
-    raise ImportError("fake_gcs.py needs crcmod (Debian package "
-                      "python3-crcmod): run it with /usr/bin/python3") from _e
+    import crc32c as _crc32c_module
+
+    def _crc32c(data, value=0):
+        return _crc32c_module.crc32c(data, value)
+
+    CRC32C_IMPL = ("python3-crc32c ("
+                   + ("hardware" if getattr(_crc32c_module, "hardware_based",
+                                            False) else "software") + ")")
+except ImportError:
+    try:
+        import crcmod
+    except ImportError as _e:  # pragma: no cover - environment problem
+        raise ImportError("fake_gcs.py needs python3-crc32c or python3-crcmod"
+                          " (Debian packages): run it with /usr/bin/python3"
+                          ) from _e
+    _crc32c = crcmod.mkCrcFun(0x11EDC6F41, initCrc=0, xorOut=0xFFFFFFFF,
+                              rev=True)     # _crc32c(data, value=0)
+    CRC32C_IMPL = "crcmod"
 
 CONTROL = "/_fake/"
 JSON_PREFIX = "/storage/v1"
@@ -67,11 +89,16 @@ LOG_LIMIT = 10000              # newest entries kept; hit counters are exact
 MAX_RESULTS = 1000             # list default and cap
 PROJECT_NUMBER = "123456789"
 NAME_MAX_BYTES = 1024
-PARALLEL_HASH_MIN = 4 << 20    # hash MD5 and CRC32C concurrently above this
+PARALLEL_HASH_MIN = 4 << 20    # MD5 on a helper thread for bodies this big
+MMAP_MIN = 1 << 20             # bodies this big go to pre-faulted mmaps
+SINK_BLOCKS = 8                # sink mode: blocks of a body in flight
+POOL_KEEP = 32                 # sink mode: idle blocks kept for reuse
+CHUNKED_BLOCK_MAX = 16 << 20   # blocks for chunked bodies grow up to this
 
 FAULT_MODES = ("none", "status", "reset_before", "reset_mid_body",
                "reset_after", "slow")
 UPLOAD_TYPES = ("media", "multipart", "resumable", "chunk", "query")
+DATA_KINDS = ("media", "chunk")  # bodies that are object data, hashed as read
 KINDS = UPLOAD_TYPES + ("cancel", "download", "get", "list", "delete",
                         "copy", "rewrite", "bucket", "buckets",
                         "unsupported", "invalid", "unknown")
@@ -121,7 +148,6 @@ REWRITE_UNIT = 1 << 20         # maxBytesRewrittenPerCall: multiples of 1 MiB
 NOT_IMPLEMENTED_HINT = ("see the fake_gcs.py section of "
                         "tests/fakes/README.md")
 
-_CRC32C = crcmod.predefined.Crc("crc-32c")  # template; .new() is cheap
 _CONTENT_RANGE = re.compile(r"bytes (?:(\*)|(\d+)-(\d+))/(\*|\d+)")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
@@ -147,6 +173,13 @@ class GcsError(Exception):
         self.headers = list(headers)
         self.location = location  # (locationType, location) or None
 
+    def copy(self):
+        """The same error without a traceback: errors kept for later (a
+        failed session's) must not keep the failed request's frames, and
+        with them its body, alive."""
+        return GcsError(self.code, self.message, self.reason, self.headers,
+                        self.location)
+
     def body(self):
         err = {"message": self.message, "domain": "global",
                "reason": self.reason}
@@ -161,42 +194,202 @@ def _b64(raw):
     return base64.b64encode(raw).decode("ascii")
 
 
-def _update_both(crc, md5, data):
-    """Feed data to both digests. hashlib releases the GIL on large
-    buffers and crcmod does not, so for big buffers MD5 runs in a helper
-    thread while CRC32C runs here: the two overlap on separate cores."""
-    if len(data) < PARALLEL_HASH_MIN:
-        crc.update(data)
-        md5.update(data)
-        return
-    helper = threading.Thread(target=md5.update, args=(data,),
-                              name="fake-gcs-md5", daemon=True)
-    helper.start()
-    crc.update(data)
-    helper.join()
+def _crc_b64(crc):
+    return _b64(struct.pack(">I", crc))
+
+
+class _StreamHash:
+    """CRC32C and MD5 of a byte stream, fed in order as a body is read.
+
+    CRC32C runs in the feeding thread (both CRC modules hold the GIL); for
+    big bodies MD5 runs on a helper thread (hashlib releases the GIL on
+    large buffers), so it overlaps with the next socket read and CRC.
+    """
+
+    def __init__(self, threaded=False):
+        self.md5 = hashlib.md5()
+        self.crc = 0
+        self._queue = self._worker = None
+        if threaded:
+            self._queue = queue.SimpleQueue()
+            self._worker = threading.Thread(target=self._run, daemon=True,
+                                            name="fake-gcs-md5")
+            self._worker.start()
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            view, release = item
+            self.md5.update(view)
+            if release is not None:
+                release()
+            item = view = release = None
+
+    def feed(self, view, release=None):
+        """Hash the next bytes; release() is called once view is no longer
+        needed (sink blocks go back to their pool)."""
+        self.crc = _crc32c(view, self.crc)
+        if self._worker is not None:
+            self._queue.put((view, release))
+            return
+        self.md5.update(view)
+        if release is not None:
+            release()
+
+    def finish(self):
+        """Wait for the helper thread; returns self."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+        return self
+
+    def b64(self):
+        return _crc_b64(self.crc), _b64(self.md5.digest())
+
+
+class _SessionHash:
+    """The MD5 of a resumable session's persisted bytes, updated in upload
+    order on a helper thread of the session's own (started when needed,
+    gone after a second idle), so neither a chunk's 308 nor the next chunk
+    waits for MD5: only finalization does (digest()).
+
+    A chunk's bytes are fed while they arrive, before it is known whether
+    the chunk will be accepted: mark() first (the point to roll back to),
+    cut() where a reset_mid_body fault would stop, then settle("all"),
+    settle("cut") or settle("none"). Everything runs in submission order.
+    """
+
+    IDLE = 1.0
+    INLINE_MAX = 64 * 1024     # hashed at once when no thread is running
+
+    def __init__(self):
+        self._md5 = hashlib.md5()
+        self._mark = self._cut = None
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def _submit(self, op, arg=None, size=0):
+        with self._lock:
+            if not self._running and size <= self.INLINE_MAX:
+                self._do(op, arg)
+                return
+            self._queue.put((op, arg))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, daemon=True,
+                                 name="fake-gcs-session-md5").start()
+
+    def _run(self):
+        while True:
+            try:
+                op, arg = self._queue.get(timeout=self.IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._running = False
+                        return
+                continue
+            self._do(op, arg)
+            op = arg = None      # an idle thread must not pin the last view
+
+    def _do(self, op, arg):
+        if op == "data":
+            view, release = arg
+            self._md5.update(view)
+            if release is not None:
+                release()
+        elif op == "mark":
+            self._mark, self._cut = self._md5.copy(), None
+        elif op == "cut":
+            self._cut = self._md5.copy()
+        elif op == "settle":
+            if arg == "none":
+                self._md5 = self._mark
+            elif arg == "cut":
+                self._md5 = self._cut
+            self._mark = self._cut = None
+        elif op == "barrier":
+            arg.set()
+
+    def update(self, view, release=None):
+        self._submit("data", (view, release), len(view))
+
+    def mark(self):
+        self._submit("mark")
+
+    def cut(self):
+        self._submit("cut")
+
+    def settle(self, outcome):
+        self._submit("settle", outcome)
+
+    def digest(self):
+        done = threading.Event()
+        self._submit("barrier", done)
+        done.wait()
+        return self._md5.digest()
+
+
+class _ChunkHash:
+    """Hashes a resumable chunk's new bytes as they arrive: CRC32C here,
+    continuing the session's; MD5 through the session's _SessionHash.
+    skip: leading bytes already persisted (a resent overlap), not hashed.
+    snap_at: body offset where a reset_mid_body fault would cut the chunk;
+    the digests there are kept too (snap_crc; the session's cut())."""
+
+    def __init__(self, session_hash, crc, skip, snap_at):
+        self.session_hash = session_hash
+        self.crc, self.skip, self.snap_at = crc, skip, snap_at
+        self.hashed = 0
+        self.snap_crc = None
+        self._pos = 0
+        session_hash.mark()
+        if snap_at is not None and snap_at <= skip:
+            self._snap()
+
+    def _snap(self):
+        self.snap_crc = self.crc
+        self.session_hash.cut()
+
+    def feed(self, view, release=None):
+        start = self._pos
+        self._pos += len(view)
+        lo = max(self.skip - start, 0)
+        if lo >= len(view):
+            if release is not None:
+                release()
+            return
+        at = self.snap_at
+        if at is not None and self.snap_crc is None and \
+                start + lo < at <= self._pos:
+            self._hash(view[lo:at - start], None)
+            self._snap()
+            lo = at - start
+        self._hash(view[lo:], release)
+
+    def _hash(self, view, release):
+        self.crc = _crc32c(view, self.crc)
+        self.hashed += len(view)
+        self.session_hash.update(view, release)
+
+    def finish(self):
+        return self
 
 
 def _hashes(data):
-    """(crc32c, md5Hash) of data, base64 of the big-endian digests."""
-    crc, md5 = _CRC32C.new(), hashlib.md5()
-    _update_both(crc, md5, data)
-    return _b64(crc.digest()), _b64(md5.digest())
-
-
-class _Hasher:
-    """Incremental CRC32C + MD5 (each byte is hashed exactly once)."""
-
-    __slots__ = ("crc", "md5")
-
-    def __init__(self):
-        self.crc = _CRC32C.new()
-        self.md5 = hashlib.md5()
-
-    def update(self, data):
-        _update_both(self.crc, self.md5, data)
-
-    def b64(self):
-        return _b64(self.crc.digest()), _b64(self.md5.digest())
+    """(crc32c, md5Hash) of data (bytes-like or _Data), base64 of the
+    big-endian digests."""
+    views = data.views(block=IO_BLOCK) if isinstance(data, _Data) \
+        else [memoryview(data)[i:i + IO_BLOCK]
+              for i in range(0, len(data), IO_BLOCK)]
+    h = _StreamHash(threaded=len(data) >= PARALLEL_HASH_MIN)
+    for view in views:
+        h.feed(view)
+    return h.finish().b64()
 
 
 def _rfc3339(t):
@@ -367,7 +560,7 @@ def _parse_multipart(body, boundary):
     def bad(why):
         raise GcsError(400, f"Malformed multipart body: {why}.")
     delim = b"--" + boundary.encode("latin-1")
-    if body.startswith(delim):
+    if body[:len(delim)] == delim:
         pos = len(delim)
     else:
         i = body.find(b"\r\n" + delim)      # anything before is preamble
@@ -407,6 +600,31 @@ def _parse_multipart(body, boundary):
         pos = k + 2 + len(delim)
 
 
+def _cut_keep(fault, n):
+    """What a reset_mid_body fault persists of an n-byte chunk: a 256
+    KiB-aligned prefix, never all of it (default: half)."""
+    want = fault.get("bytes", n // 2)
+    return (min(want, max(n - 1, 0)) // QUANTUM) * QUANTUM
+
+
+def _content_length(headers):
+    """Content-Length as an int, None if absent, chunked or malformed."""
+    if headers.get("Transfer-Encoding") is not None:
+        return None
+    try:
+        n = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    return n if n >= 0 else None
+
+
+def _not_kept_message(obj):
+    return (f"fake-gcs: the bytes of {obj.bucket}/{obj.name} were not kept: "
+            "this fake runs as an upload sink (sink=True, serve --sink), "
+            "which keeps only size, crc32c, md5Hash and generation "
+            f"({NOT_IMPLEMENTED_HINT})")
+
+
 def _content_type_param(ctype, param):
     for item in ctype.split(";")[1:]:
         key, sep, value = item.strip().partition("=")
@@ -419,9 +637,90 @@ def _content_type_param(ctype, param):
 
 
 # ---------------------------------------------------------------- model
+class _ByteBuffer(bytearray):
+    """A small upload buffer (a subclass, so the fake can count it alive)."""
+    __slots__ = ("__weakref__",)
+
+
+class _MapBuffer(mmap.mmap):
+    """A big upload buffer: an anonymous mapping faulted in by the kernel
+    in one go (MAP_POPULATE). On this VM that is ~3x cheaper than
+    bytearray(n), which zero-fills page by page, fault by fault."""
+
+    def __new__(cls, n):
+        return super().__new__(cls, -1, n, flags=mmap.MAP_PRIVATE
+                               | mmap.MAP_ANONYMOUS
+                               | getattr(mmap, "MAP_POPULATE", 0))
+
+
+class _BlockPool:
+    """Reusable IO_BLOCK buffers for sink mode: a body that is not kept
+    flows through a few warm blocks instead of fresh memory."""
+
+    def __init__(self):
+        self._free = []
+        self._lock = threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(IO_BLOCK)
+
+    def put(self, block):
+        with self._lock:
+            if len(self._free) < POOL_KEEP:
+                self._free.append(block)
+
+
+class _Data:
+    """An object's bytes, immutable once made: a list of memoryviews of
+    upload buffers. Nothing is copied: copies and rewrites share the parts,
+    downloads send memoryview slices of them."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts=()):
+        self.parts = [p for p in parts if len(p)]
+        self.size = sum(len(p) for p in self.parts)
+
+    def __len__(self):
+        return self.size
+
+    def views(self, first=0, end=None, block=None):
+        """memoryviews covering bytes [first, end), in order; at most
+        `block` bytes each if given, else as long as the parts allow."""
+        end = self.size if end is None else min(end, self.size)
+        off = 0
+        for part in self.parts:
+            n = len(part)
+            if off + n <= first:
+                off += n
+                continue
+            if off >= end:
+                return
+            a, b = max(first - off, 0), min(end - off, n)
+            if block is None:
+                yield part[a:b]
+            else:
+                for i in range(a, b, block):
+                    yield part[i:min(i + block, b)]
+            off += n
+
+    def slice(self, first, end):
+        return _Data(self.views(first, end))
+
+    def tobytes(self, first=0, end=None):
+        return b"".join(self.views(first, end))
+
+
 class _Object:
-    __slots__ = ("bucket", "name", "data", "generation", "metageneration",
-                 "content_type", "fields", "crc32c", "md5", "created")
+    """A live object. data is None when its bytes were not kept (sink
+    mode, or the snapshot a finished resumable session remembers)."""
+
+    __slots__ = ("bucket", "name", "data", "size", "generation",
+                 "metageneration", "content_type", "fields", "crc32c", "md5",
+                 "created")
 
     def resource(self, base):
         q = _quote(self.name)
@@ -437,7 +736,7 @@ class _Object:
              "metageneration": str(self.metageneration),
              "contentType": self.content_type,
              "storageClass": "STANDARD",
-             "size": str(len(self.data)),
+             "size": str(self.size),
              "md5Hash": self.md5,
              "crc32c": self.crc32c,
              "etag": _etag(self.generation, self.metageneration),
@@ -449,14 +748,25 @@ class _Object:
 
     def summary(self):
         s = {"bucket": self.bucket, "name": self.name,
-             "size": len(self.data), "generation": self.generation,
+             "size": self.size, "generation": self.generation,
              "metageneration": self.metageneration,
              "crc32c": self.crc32c, "md5Hash": self.md5,
              "contentType": self.content_type,
              "updated": _rfc3339(self.created)}
         if "metadata" in self.fields:
             s["metadata"] = dict(self.fields["metadata"])
+        if self.data is None:
+            s["kept"] = False
         return s
+
+    def without_data(self):
+        """A copy that does not hold the bytes (for records that outlive
+        the object: finished sessions, rewrite tokens)."""
+        o = _Object()
+        for k in self.__slots__:
+            setattr(o, k, getattr(self, k))
+        o.data = None
+        return o
 
 
 class _Bucket:
@@ -485,23 +795,40 @@ class _Bucket:
 
 
 class _Session:
-    """A resumable upload session."""
+    """A resumable upload session. parts: the persisted bytes (memoryviews
+    of the chunks' own buffers; None in sink mode and once the session
+    ends, so a finished session never holds data); hash (a _SessionHash)
+    and crc: the digests of the persisted bytes; streaming: the _ChunkPlan
+    of the chunk whose bytes are being hashed as they arrive, if any;
+    result: the finished object, without its bytes."""
 
     __slots__ = ("id", "bucket", "name", "content_type", "fields",
-                 "expected", "pre", "total", "data", "hasher", "state",
-                 "result", "error", "lock", "created")
+                 "expected", "pre", "total", "parts", "persisted", "hash",
+                 "crc", "streaming", "state", "result", "error", "lock",
+                 "created")
 
     def status(self):
         return {"upload_id": self.id, "bucket": self.bucket,
-                "name": self.name, "persisted": len(self.data or b""),
+                "name": self.name, "persisted": self.persisted,
                 "total": self.total, "state": self.state,
                 "generation": (self.result.generation
                                if self.result is not None else None)}
 
 
+class _ChunkPlan:
+    """Decided before a chunk's body is read: where its new bytes start, so
+    they are hashed (a _ChunkHash) while they arrive. One chunk per session
+    at a time streams; settled (accepted, cut or rolled back) once."""
+
+    __slots__ = ("session", "have", "hasher", "settled")
+
+
 class _Rewrite:
     """A multi-call objects.rewrite: what the first call asked for. Each
-    rewriteToken maps to (job, bytes done), so a token can be replayed."""
+    rewriteToken maps to (job, bytes done), so a token can be replayed.
+    src is the source as the first call saw it, without its bytes (a
+    token must not keep them alive): later calls find the bytes in the
+    live object of that generation."""
 
     __slots__ = ("src", "dst_bucket", "dst_name", "content_type", "fields",
                  "pre", "params", "body", "step")
@@ -550,6 +877,85 @@ class _BodyError(Exception):
         self.answer = answer   # None = just drop the connection
 
 
+class _Intake:
+    """Where a request body goes while it is read.
+
+    keep=True: into fresh buffers that become the object's data as they are
+    (one buffer of Content-Length bytes; for a chunked body, blocks that
+    grow with it from 1 MiB to CHUNKED_BLOCK_MAX). keep=False (sink mode,
+    media uploads and chunks): through a few pooled blocks that are reused
+    as soon as they are hashed, so memory stays at SINK_BLOCKS blocks per
+    upload whatever its size. hasher: a _StreamHash or _ChunkHash fed as
+    the bytes arrive.
+    """
+
+    def __init__(self, fake, keep=True, hasher=None):
+        self.fake, self.keep, self.hasher = fake, keep, hasher
+        self.size = 0
+        self._bufs = []                  # keep: [buffer, bytes filled]
+        self._slots = None if keep else threading.Semaphore(SINK_BLOCKS)
+
+    def expect(self, n):
+        """The body has n bytes (Content-Length)."""
+        if self.keep and n:
+            self._bufs.append([self.fake._alloc(n), 0])
+
+    def region(self, want):
+        """A writable view of at most want bytes to read into next."""
+        if not self.keep:
+            self._slots.acquire()
+            return memoryview(self.fake._pool.get())[:want]
+        if not self._bufs or self._bufs[-1][1] == len(self._bufs[-1][0]):
+            grow = min(max(self.size, IO_BLOCK), CHUNKED_BLOCK_MAX)
+            self._bufs.append([self.fake._alloc(max(want, grow)), 0])
+        buf, filled = self._bufs[-1]
+        return memoryview(buf)[filled:filled + want]
+
+    def filled(self, view, k):
+        """k bytes were read into view (from region())."""
+        got = view[:k]
+        self.size += k
+        if self.keep:
+            self._bufs[-1][1] += k
+            if self.hasher is not None:
+                self.hasher.feed(got)
+            return
+        block, pool, slots = view.obj, self.fake._pool, self._slots
+
+        def release():
+            pool.put(block)
+            slots.release()
+        if self.hasher is not None:
+            self.hasher.feed(got, release)
+        else:
+            release()
+
+    def finish(self):
+        if self.hasher is not None:
+            self.hasher.finish()
+        return self
+
+    def data(self):
+        """The body as a _Data, or None if it was not kept."""
+        if not self.keep:
+            return None
+        return _Data(memoryview(buf)[:filled] for buf, filled in self._bufs)
+
+    def contiguous(self):
+        """The kept body as one buffer (bytearray-like: find, slicing):
+        the buffer itself, or for a chunked body a copy of its blocks."""
+        if not self.size:
+            return b""
+        if len(self._bufs) == 1 and self._bufs[0][1] == len(self._bufs[0][0]):
+            return self._bufs[0][0]
+        buf = self.fake._alloc(self.size)
+        off = 0
+        for view in self.data().views():
+            buf[off:off + len(view)] = view
+            off += len(view)
+        return buf
+
+
 class _Listener(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -579,9 +985,19 @@ class FakeGcsServer:
     """In-process fake GCS JSON API server. Thread-safe."""
 
     def __init__(self, host="127.0.0.1", port=0, buckets=(),
-                 require_token=None, fine_grained_buckets=()):
+                 require_token=None, fine_grained_buckets=(), sink=False):
+        """sink=True: uploads keep only size, crc32c, md5Hash and generation
+        (downloads of such objects are a 501 naming the option); for
+        benchmarks that only upload."""
         self.host = host
         self.port = port
+        self.sink = bool(sink)
+        self._pool = _BlockPool()
+        # Upload buffers alive, counted by their finalizers. Not under
+        # self._lock (a buffer is often freed while that is held); an RLock
+        # because a GC pass inside it may run a finalizer.
+        self._mem = threading.Condition(threading.RLock())
+        self._retained = self._buffers = 0
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._buckets = {}
@@ -664,17 +1080,21 @@ class FakeGcsServer:
 
     def put_object(self, bucket, name, data, content_type=
                    "application/octet-stream", metadata=None):
-        """Seed an object directly (no request, not logged). Returns the
-        object resource."""
+        """Seed an object directly (no request, not logged; its bytes are
+        kept even in sink mode). Returns the object resource."""
         if isinstance(data, str):
             data = data.encode()
-        data = bytes(data)
+        view = memoryview(data).cast("B")
+        buf = self._alloc(len(view)) if len(view) else b""
+        if len(view):
+            buf[:] = view
+        data = _Data([memoryview(buf)])
         crc, md5 = _hashes(data)
         fields = {"metadata": dict(metadata)} if metadata else {}
         try:
             _check_name(name)
-            obj = self._commit(bucket, name, data, content_type, fields, {},
-                               crc, md5)
+            obj = self._commit(bucket, name, data, len(data), content_type,
+                               fields, {}, crc, md5)
         except GcsError as e:
             raise FakeError(e.code, e.message) from None
         return obj.resource(self.base_url)
@@ -684,7 +1104,9 @@ class FakeGcsServer:
             obj = self._live_locked(bucket, name)
         if obj is None:
             raise FakeError(404, f"no object {bucket}/{name}")
-        return bytes(obj.data)
+        if obj.data is None:
+            raise FakeError(501, _not_kept_message(obj))
+        return obj.data.tobytes()
 
     def object_resource(self, bucket, name):
         with self._lock:
@@ -692,6 +1114,25 @@ class FakeGcsServer:
         if obj is None:
             raise FakeError(404, f"no object {bucket}/{name}")
         return obj.resource(self.base_url)
+
+    def memory(self):
+        """Upload data this fake holds right now: {"retained_bytes": bytes
+        in upload buffers still alive (objects, open sessions, bodies being
+        read), "buffers": how many, "open_sessions": resumable sessions
+        still open}. Finished and cancelled sessions hold nothing."""
+        with self._lock:
+            open_sessions = sum(1 for s in self._sessions.values()
+                                if s.state == "open")
+        with self._mem:
+            return {"retained_bytes": self._retained,
+                    "buffers": self._buffers,
+                    "open_sessions": open_sessions}
+
+    def wait_for_retained(self, at_most, timeout=5.0):
+        """Block until retained_bytes <= at_most. True if reached."""
+        with self._mem:
+            return self._mem.wait_for(lambda: self._retained <= at_most,
+                                      timeout)
 
     def delete_object(self, bucket, name):
         with self._lock:
@@ -767,7 +1208,7 @@ class FakeGcsServer:
         return [{"token": t, "source": f"{j.src.bucket}/{j.src.name}",
                  "source_generation": j.src.generation,
                  "destination": f"{j.dst_bucket}/{j.dst_name}",
-                 "done": done, "size": len(j.src.data)}
+                 "done": done, "size": j.src.size}
                 for t, (j, done) in items]
 
     # ------------------------------------------------------------ faults
@@ -877,6 +1318,15 @@ class FakeGcsServer:
             return False
         return True
 
+    def _peek_fault(self, method, path, route):
+        """The rule that would apply to this request, without using it up
+        (to prepare for it while the body is read; _arrive decides)."""
+        with self._lock:
+            for f in self._faults:
+                if self._fault_matches(f, method, path, route):
+                    return dict(f)
+        return None
+
     # ------------------------------------------------------------ observing
     def log(self):
         """GCS requests seen (newest LOG_LIMIT), oldest first."""
@@ -958,9 +1408,26 @@ class FakeGcsServer:
         del b.names[i]
         self._changed.notify_all()
 
-    def _commit(self, bucket, name, data, ctype, fields, pre, crc, md5):
-        """Make data the live object bucket/name (preconditions checked
-        atomically with the write). Returns the new _Object."""
+    def _alloc(self, n):
+        """A buffer for n bytes of upload data, counted while alive."""
+        buf = _MapBuffer(n) if n >= MMAP_MIN else _ByteBuffer(n)
+        with self._mem:
+            self._retained += n
+            self._buffers += 1
+        weakref.finalize(buf, self._freed, n)
+        return buf
+
+    def _freed(self, n):
+        with self._mem:
+            self._retained -= n
+            self._buffers -= 1
+            self._mem.notify_all()
+
+    def _commit(self, bucket, name, data, size, ctype, fields, pre, crc,
+                md5):
+        """Make data (a _Data, or None if not kept) the live object
+        bucket/name (preconditions checked atomically with the write).
+        Returns the new _Object."""
         with self._lock:
             b = self._buckets.get(bucket)
             if b is None:
@@ -970,7 +1437,7 @@ class FakeGcsServer:
             gen = max(self._last_gen + 1, time.time_ns() // 1000)
             self._last_gen = gen
             obj = _Object()
-            obj.bucket, obj.name, obj.data = bucket, name, data
+            obj.bucket, obj.name, obj.data, obj.size = bucket, name, data, size
             obj.generation, obj.metageneration = gen, 1
             obj.content_type = ctype
             obj.fields = fields
@@ -1025,6 +1492,18 @@ class FakeGcsServer:
                     break
             self._changed.notify_all()
         return entry, fault
+
+    def _intake(self, route, method, path, headers):
+        """(an _Intake for this request's body, the _ChunkPlan or None)."""
+        if route.kind == "media":
+            n = _content_length(headers)
+            return _Intake(self, keep=not self.sink, hasher=_StreamHash(
+                threaded=n is None or n >= PARALLEL_HASH_MIN)), None
+        if route.kind == "chunk":
+            plan = self._chunk_plan(route, method, path, headers)
+            return _Intake(self, keep=not self.sink, hasher=(
+                plan.hasher if plan is not None else None)), plan
+        return _Intake(self), None
 
     def _delay(self, seconds):
         """Sleep for a 'slow' fault; cut short when the rules are replaced
@@ -1259,10 +1738,11 @@ class FakeGcsServer:
         self._check_acl(b, req.query, None)
         pre = _preconditions(req.query)
         expected = _goog_hash(req.headers)
-        crc, md5 = _hashes(req.body)
+        crc, md5 = req.hasher.b64()          # hashed while it was read
         _verify(expected, crc, md5)
         ctype = req.headers.get("Content-Type") or "application/octet-stream"
-        obj = self._commit(b.name, name, req.body, ctype, {}, pre, crc, md5)
+        obj = self._commit(b.name, name, req.data, req.size, ctype, {}, pre,
+                           crc, md5)
         return _json_reply(obj.resource(req.base))
 
     def _do_multipart(self, route, req, cut):
@@ -1292,12 +1772,13 @@ class FakeGcsServer:
         self._check_acl(b, req.query, meta)
         pre = _preconditions(req.query)
         expected.update(_goog_hash(req.headers))
-        data = bytes(data)
         crc, md5 = _hashes(data)
         _verify(expected, crc, md5)
         ctype = (meta.get("contentType") or data_headers.get("content-type")
                  or "application/octet-stream")
-        obj = self._commit(b.name, name, data, ctype, fields, pre, crc, md5)
+        # The data part is a view into the body's buffer: kept, not copied.
+        obj = self._commit(b.name, name, None if self.sink else _Data([data]),
+                           len(data), ctype, fields, pre, crc, md5)
         return _json_reply(obj.resource(req.base))
 
     def _do_resumable(self, route, req, cut):
@@ -1326,7 +1807,8 @@ class FakeGcsServer:
                           or req.headers.get("X-Upload-Content-Type")
                           or "application/octet-stream")
         s.fields, s.expected, s.pre, s.total = fields, expected, pre, total
-        s.data, s.hasher = bytearray(), _Hasher()
+        s.parts = None if self.sink else []
+        s.persisted, s.hash, s.crc, s.streaming = 0, _SessionHash(), 0, None
         s.state, s.result, s.error = "open", None, None
         s.lock = threading.Lock()
         s.created = time.time()
@@ -1346,10 +1828,62 @@ class FakeGcsServer:
                                 "cancelled or for another bucket).")
         return s
 
+    def _chunk_plan(self, route, method, path, headers):
+        """Before a chunk's body is read: a _ChunkPlan whose hasher takes
+        the chunk's new bytes (those past the persisted ones) as they
+        arrive, continuing the session's digests; None if that cannot be
+        known yet or another chunk of the session is streaming (the
+        handler then hashes from the kept body)."""
+        with self._lock:
+            s = self._sessions.get(route.upload_id)
+        if s is None or s.bucket != route.bucket:
+            return None
+        n = _content_length(headers)
+        cr = headers.get("Content-Range")
+        if cr is None:
+            start = 0
+        else:
+            m = _CONTENT_RANGE.fullmatch(cr.strip())
+            if m is None or m.group(1):
+                return None
+            start = int(m.group(2))
+        snap_at = None
+        f = self._peek_fault(method, path, route)
+        if f is not None and f["mode"] == "reset_mid_body" and n is not None:
+            snap_at = _cut_keep(f, n)
+        with s.lock:
+            if s.state != "open" or start > s.persisted or \
+                    s.streaming is not None:
+                return None
+            plan = _ChunkPlan()
+            plan.session, plan.have, plan.settled = s, s.persisted, False
+            plan.hasher = _ChunkHash(s.hash, s.crc, s.persisted - start,
+                                     snap_at)
+            s.streaming = plan
+        return plan
+
+    @staticmethod
+    def _settle(plan, outcome):
+        """Close a chunk's streaming (under the session's lock): its bytes
+        are accepted ("all"), accepted up to the cut ("cut") or not
+        ("none")."""
+        if plan is not None and not plan.settled:
+            plan.settled = True
+            plan.hasher.session_hash.settle(outcome)
+            if plan.session.streaming is plan:
+                plan.session.streaming = None
+
+    def _drop_plan(self, plan):
+        """A chunk that was not handled (fault, auth, unreadable body):
+        its streamed bytes are rolled back."""
+        if plan is not None and not plan.settled:
+            with plan.session.lock:
+                self._settle(plan, "none")
+
     def _incomplete(self, s, req):
         headers = [("X-GUploader-UploadID", s.id)]
-        if s.data:
-            headers.append(("Range", f"bytes=0-{len(s.data) - 1}"))
+        if s.persisted:
+            headers.append(("Range", f"bytes=0-{s.persisted - 1}"))
         if req.headers.get("X-Guploader-No-308", "").lower() == "yes":
             headers.append(("X-Http-Status-Code-Override", "308"))
             return _Reply(200, b"", "text/plain; charset=utf-8", headers)
@@ -1360,19 +1894,21 @@ class FakeGcsServer:
                            headers=[("X-GUploader-UploadID", s.id)])
 
     def _finalize(self, s, req):
-        crc, md5 = s.hasher.b64()
+        crc, md5 = _crc_b64(s.crc), _b64(s.hash.digest())
         try:
             expected = dict(s.expected)
             expected.update(_goog_hash(req.headers))
             _verify(expected, crc, md5)
-            obj = self._commit(s.bucket, s.name, s.data, s.content_type,
-                               s.fields, s.pre, crc, md5)
+            data = None if s.parts is None else _Data(s.parts)
+            obj = self._commit(s.bucket, s.name, data, s.persisted,
+                               s.content_type, s.fields, s.pre, crc, md5)
         except GcsError as e:
             # A failed finalization ends the session; later requests on it
             # get the same answer.
-            s.state, s.error, s.data = "failed", e, None
+            s.state, s.error, s.parts = "failed", e.copy(), None
             raise
-        s.state, s.result, s.data = "done", obj, None
+        # The session remembers the object's resource, not its bytes.
+        s.state, s.result, s.parts = "done", obj.without_data(), None
         return self._done(s, req)
 
     def _do_query(self, route, req, cut):
@@ -1384,15 +1920,19 @@ class FakeGcsServer:
             if s.state == "done":
                 return self._done(s, req)
             if s.state == "failed":
-                raise s.error
+                raise s.error.copy()
             if s.state == "cancelled":
                 raise GcsError(404, "No such upload session.")
-            return self._chunk_locked(s, req, cut)
+            plan = req.plan if req.plan is not None and \
+                req.plan.session is s else None
+            try:
+                return self._chunk_locked(s, req, cut, plan)
+            finally:
+                self._settle(plan, "none")      # if not accepted
 
-    def _chunk_locked(self, s, req, cut):
-        body = req.body
-        n = len(body)
-        have = len(s.data)
+    def _chunk_locked(self, s, req, cut, plan):
+        n = req.size
+        have = s.persisted
         cr = req.headers.get("Content-Range")
         if cr is None:
             # No Content-Range: the body is the whole object.
@@ -1417,6 +1957,7 @@ class FakeGcsServer:
                 raise GcsError(400, "A 'bytes */N' request must have an "
                                     "empty body.")
             if total is not None and total == have:
+                self._not_streaming(s)
                 return self._finalize(s, req)
             if total is not None:
                 s.total = total
@@ -1444,38 +1985,74 @@ class FakeGcsServer:
                                 f"{start} byte(s), which exceeds already "
                                 f"uploaded size of {have} byte(s).")
         overlap = min(end + 1, have) - start
-        if overlap > 0 and s.data[start:start + overlap] != body[:overlap]:
+        if overlap > 0 and s.parts is not None and \
+                _Data(s.parts).tobytes(start, start + overlap) != \
+                req.data.tobytes(0, overlap):
             raise GcsError(400, "Invalid request. The re-sent bytes "
                                 f"{start}-{start + overlap - 1} differ from "
                                 "the bytes already persisted (fake-gcs).")
-        if cut is not None:
-            # reset_mid_body: persist a 256 KiB-aligned prefix of the chunk
-            # (never all of it), then the connection drops.
-            want = cut.get("bytes", n // 2)
-            keep = (min(want, max(n - 1, 0)) // QUANTUM) * QUANTUM
-            if start + keep > have:
-                new = memoryview(body)[have - start:keep]
-                s.data += new
-                s.hasher.update(new)
-            if total is not None:
-                s.total = total
-            return None
-        if end + 1 > have:
-            new = memoryview(body)[have - start:]
-            s.data += new
-            s.hasher.update(new)
+        # Persist body[lo:stop]: the bytes past the persisted ones; with
+        # reset_mid_body a 256 KiB-aligned prefix of the chunk (never all of
+        # it), then the connection drops.
+        lo = have - start
+        stop = _cut_keep(cut, n) if cut is not None else n
+        if plan is None:
+            self._not_streaming(s)
+        if stop > lo:
+            crc = self._take_digests(s, req, plan, lo, stop, cut is not None)
+            if crc is None and cut is None:
+                raise GcsError(503, "fake-gcs (sink mode): this chunk could "
+                                    "not be hashed as it arrived and its "
+                                    "bytes were not kept; query the session "
+                                    "and resend.")
+            if crc is not None:
+                s.crc = crc
+                if s.parts is not None:
+                    s.parts.extend(req.data.views(lo, stop))
+                s.persisted = start + stop
         if total is not None:
             s.total = total
+        if cut is not None:
+            return None
         if final:
             return self._finalize(s, req)
         return self._incomplete(s, req)
+
+    @staticmethod
+    def _not_streaming(s):
+        """503 while another request's chunk is being read into s (its bytes
+        are in the session's MD5 until it is settled)."""
+        if s.streaming is not None:
+            raise GcsError(503, "fake-gcs: another request is uploading to "
+                                "this session right now; retry.")
+
+    def _take_digests(self, s, req, plan, lo, stop, cut):
+        """Make body[lo:stop] part of the session's digests; returns the new
+        CRC32C (the MD5 follows in the session's _SessionHash), or None in
+        sink mode when the bytes were not hashed as they arrived."""
+        if plan is not None:
+            h = plan.hasher
+            if not cut and h.hashed == stop - lo:
+                self._settle(plan, "all")
+                return h.crc
+            if cut and h.snap_crc is not None and h.snap_at == stop:
+                self._settle(plan, "cut")
+                return h.snap_crc
+            self._settle(plan, "none")
+        if req.data is None:
+            return None
+        crc = s.crc
+        for view in req.data.views(lo, stop, IO_BLOCK):
+            crc = _crc32c(view, crc)
+            s.hash.update(view)
+        return crc
 
     def _do_cancel(self, route, req, cut):
         s = self._session(route)
         with s.lock:
             if s.state == "done":
                 return self._done(s, req)
-            s.state, s.data = "cancelled", None
+            s.state, s.parts = "cancelled", None
         return _Reply(499, b"", "text/plain; charset=utf-8")
 
     def _live(self, route, req, remove=False):
@@ -1570,15 +2147,17 @@ class FakeGcsServer:
                            "parseError")
         return meta
 
-    def _commit_copy(self, job):
-        src = job.src
-        return self._commit(job.dst_bucket, job.dst_name, src.data,
+    def _commit_copy(self, job, src):
+        """Write the destination: src's bytes (shared, not copied) and
+        digests."""
+        return self._commit(job.dst_bucket, job.dst_name, src.data, src.size,
                             job.content_type, job.fields, job.pre,
                             src.crc32c, src.md5)
 
     def _do_copy(self, route, req, cut):
         job = self._copy_request(route, req)
-        return _json_reply(self._commit_copy(job).resource(req.base))
+        return _json_reply(self._commit_copy(job, job.src).resource(
+            req.base))
 
     def _do_rewrite(self, route, req, cut):
         q = req.query
@@ -1597,19 +2176,19 @@ class FakeGcsServer:
                 raise GcsError(400, "Invalid argument: rewriteToken (fake-"
                                     "gcs: not a token this server issued).")
             job, done = found
-            self._check_continuation(job, route, req)
+            src = self._check_continuation(job, route, req)
             if "maxBytesRewrittenPerCall" not in q:
                 step = job.step              # omitted: the first call's
         else:
             job, done = self._copy_request(route, req), 0
             job.step = step
+            src = job.src
         step = step or None                  # 0 = no limit, as unset
         with self._lock:
             limit = self._rewrite_limit
         if limit is not None:
             step = limit if step is None else min(step, limit)
-        src = job.src
-        size = len(src.data)
+        size = src.size
         end = size if step is None else min(size, done + step)
         out = {"kind": "storage#rewriteResponse",
                "totalBytesRewritten": str(end), "objectSize": str(size)}
@@ -1622,10 +2201,11 @@ class FakeGcsServer:
                 _check_preconditions(job.pre, self._live_locked(
                     job.dst_bucket, job.dst_name))
                 new = secrets.token_urlsafe(48)
+                job.src = src.without_data()     # tokens keep no bytes
                 self._rewrites[new] = (job, end)
             out.update(done=False, rewriteToken=new)
             return _json_reply(out)
-        obj = self._commit_copy(job)
+        obj = self._commit_copy(job, src)
         out.update(done=True, resource=obj.resource(req.base))
         return _json_reply(out)
 
@@ -1633,7 +2213,7 @@ class FakeGcsServer:
         """A call carrying a rewriteToken: same source and destination; any
         parameter or body it repeats must equal the first call's. The
         pinned source generation must still be live (there is no version
-        history to copy it from)."""
+        history to copy it from). Returns that live object."""
         src = job.src
         if (route.bucket, route.object, route.dst_bucket,
                 route.dst_object) != (src.bucket, src.name, job.dst_bucket,
@@ -1652,15 +2232,19 @@ class FakeGcsServer:
         with self._lock:
             if self._buckets.get(src.bucket) is None:
                 raise GcsError(404, "The specified bucket does not exist.")
-            if self._live_locked(src.bucket, src.name) is not src:
+            live = self._live_locked(src.bucket, src.name)
+            if live is None or live.generation != src.generation:
                 raise GcsError(404, f"No such object: {src.bucket}/"
                                     f"{src.name} (fake-gcs: generation "
                                     f"{src.generation} was replaced or "
                                     "deleted during the rewrite)")
+        return live
 
     def _do_download(self, route, req, cut):
         obj = self._live(route, req)
-        size = len(obj.data)
+        if obj.data is None:
+            raise GcsError(501, _not_kept_message(obj))
+        size = obj.size
         headers = [
             ("X-Goog-Hash", f"crc32c={obj.crc32c},md5={obj.md5}"),
             ("X-Goog-Generation", str(obj.generation)),
@@ -1671,7 +2255,6 @@ class FakeGcsServer:
             ("Last-Modified", email.utils.formatdate(obj.created,
                                                      usegmt=True)),
             ("Accept-Ranges", "bytes")]
-        view = memoryview(obj.data)
         rng = req.headers.get("Range")
         m = _RANGE.fullmatch(rng.strip()) if rng else None
         if m is not None and (m.group(1) or m.group(2)):
@@ -1688,9 +2271,9 @@ class FakeGcsServer:
                                     "satisfied.", headers=[
                                         ("Content-Range", f"bytes */{size}")])
             headers.append(("Content-Range", f"bytes {first}-{last}/{size}"))
-            return _Reply(206, view[first:last + 1], obj.content_type,
-                          headers)
-        return _Reply(200, view, obj.content_type, headers)
+            return _Reply(206, obj.data.slice(first, last + 1),
+                          obj.content_type, headers)
+        return _Reply(200, obj.data, obj.content_type, headers)
 
     def _do_list(self, route, req, cut):
         b = self._bucket(route.bucket)
@@ -1766,7 +2349,13 @@ def _successor(p):
 
 
 class _Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "base")
+    """A request for a handler. body: the contiguous body (None for media
+    uploads and chunks, whose bytes are data: a _Data, or None when not
+    kept, and size); hasher: the _StreamHash that hashed a media body as it
+    arrived; plan: a chunk's _ChunkPlan (or None)."""
+
+    __slots__ = ("method", "path", "query", "headers", "body", "data",
+                 "size", "hasher", "plan", "base")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -1792,38 +2381,42 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_GET
 
     # ------------------------------------------------------------ plumbing
-    def _read_body(self):
+    def _read_body(self, intake):
+        """Read the request body into intake (an _Intake)."""
         te = self.headers.get("Transfer-Encoding")
         if te is not None:
             if te.strip().lower() != "chunked":
                 raise _BodyError(GcsError(501, f"Transfer-Encoding {te!r} "
                                                "is not supported."))
-            return self._read_chunked()
+            self._read_chunked(intake)
+            return
         cl = self.headers.get("Content-Length")
         if cl is None:
             if self.command in ("POST", "PUT", "PATCH"):
                 raise _BodyError("411")
-            return b""
+            return
         try:
             n = int(cl)
             if n < 0:
                 raise ValueError
         except ValueError:
             raise _BodyError(GcsError(400, "Bad Content-Length.")) from None
-        if n == 0:
-            return b""
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.rfile.readinto(view[got:got + IO_BLOCK])
-            if not k:
-                raise _BodyError(None)
-            got += k
-        return buf
+        intake.expect(n)
+        self._read_into(intake, n)
 
-    def _read_chunked(self):
-        parts = []
+    def _read_into(self, intake, n):
+        """n bytes from the socket into intake, IO_BLOCK at a time, read
+        straight into their final buffer (readinto: no copy)."""
+        while n:
+            view = intake.region(min(IO_BLOCK, n))
+            k = self.rfile.readinto(view)
+            if not k:
+                intake.filled(view, 0)
+                raise _BodyError(None)
+            intake.filled(view, k)
+            n -= k
+
+    def _read_chunked(self, intake):
         while True:
             line = self.rfile.readline(4096)
             if not line.endswith(b"\n"):
@@ -1838,15 +2431,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 while True:                      # trailers, then CRLF
                     t = self.rfile.readline(4096)
                     if t in (b"\r\n", b"\n"):
-                        return b"".join(parts)
+                        return
                     if not t:
                         raise _BodyError(None)
-            data = self.rfile.read(size + 2)      # chunk data + CRLF
-            if len(data) != size + 2:
-                raise _BodyError(None)
-            if data[size:] != b"\r\n":
+            self._read_into(intake, size)
+            if self.rfile.read(2) != b"\r\n":
                 raise _BodyError(GcsError(400, "Bad chunked encoding."))
-            parts.append(memoryview(data)[:size])
 
     def _reset(self):
         """Abort with RST (SO_LINGER 0), as a dropped connection would."""
@@ -1876,19 +2466,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
-        view = memoryview(body)
-        end = len(view) if cut_bytes is None else min(cut_bytes, len(view))
+        data = body if isinstance(body, _Data) else _Data([memoryview(body)])
+        end = len(data) if cut_bytes is None else min(cut_bytes, len(data))
         if self.command == "HEAD":
             end = 0
         self._headers_buffer.append(b"\r\n")
         if end <= SMALL_BODY:
             # One write for headers + small body.
-            self._headers_buffer.append(bytes(view[:end]))
+            self._headers_buffer.append(data.tobytes(0, end))
             self.flush_headers()
         else:
             self.flush_headers()
-            for off in range(0, end, IO_BLOCK):
-                self.wfile.write(view[off:min(off + IO_BLOCK, end)])
+            for view in data.views(0, end, IO_BLOCK):   # no copies
+                self.wfile.write(view)
         if self.command == "HEAD":
             return
         if cut_bytes is not None:
@@ -1912,9 +2502,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         query = dict(urllib.parse.parse_qsl(url.query,
                                             keep_blank_values=True))
         route = fake._route(self.command, url.path, query, self.headers)
+        intake, plan = fake._intake(route, self.command, url.path,
+                                    self.headers)
         try:
-            body = self._read_body()
+            self._serve_read(url, query, route, intake, plan, t0)
+        finally:
+            fake._drop_plan(plan)
+
+    def _serve_read(self, url, query, route, intake, plan, t0):
+        fake = self.fake
+        try:
+            self._read_body(intake)
         except _BodyError as e:
+            intake.finish()
             entry, _ = fake._arrive(self.command, url.path, query,
                                     self.headers, None, route, t0)
             if e.answer is None:
@@ -1928,10 +2528,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 self._send(_error_reply(e.answer), entry, close=True)
             return
+        intake.finish()
+        data_kind = route.kind in DATA_KINDS
+        body = None if data_kind else intake.contiguous()
         if route.kind in ("multipart", "resumable") and route.object is None:
             route.object = _peek_name(route.kind, self.headers, body)
         entry, fault = fake._arrive(self.command, url.path, query,
-                                    self.headers, len(body), route, t0)
+                                    self.headers, intake.size, route, t0)
         mode = fault["mode"] if fault else None
         if mode == "slow":
             fake._delay(fault["delay_ms"] / 1000.0)
@@ -1953,6 +2556,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         req = _Request()
         req.method, req.path, req.query = self.command, url.path, query
         req.headers, req.body = self.headers, body
+        req.data, req.size = intake.data(), intake.size
+        req.hasher, req.plan = intake.hasher, plan
         host = self.headers.get("Host") or f"{fake.host}:{fake.port}"
         req.base = f"http://{host}"
 
@@ -1995,11 +2600,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         q = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
         method = self.command
         status, raw = 200, None
+        intake = _Intake(fake)
         try:
-            body = self._read_body()
+            self._read_body(intake)
         except _BodyError:
             self.close_connection = True
             return
+        body = intake.contiguous()
         try:
             def data():
                 return json.loads(body) if bytes(body).strip() else {}
@@ -2047,6 +2654,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 result = {"ok": True}
             elif method == "GET" and name == "rewrites":
                 result = fake.rewrites()
+            elif method == "GET" and name == "memory":
+                result = fake.memory()
             elif method == "GET" and name == "wait":
                 what = q.get("what", "hits")
                 timeout = float(q.get("timeout", "5"))
@@ -2108,13 +2717,15 @@ def _serve(args):
     try:
         srv = FakeGcsServer(args.host, args.port, buckets=args.bucket,
                             require_token=args.require_token,
-                            fine_grained_buckets=args.fine_grained_bucket)
+                            fine_grained_buckets=args.fine_grained_bucket,
+                            sink=args.sink)
         srv.start()
     except (FakeError, OSError) as e:
         print(f"fake-gcs: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"fake-gcs listening on {args.host}:{srv.port} "
-          f"(STORAGE_EMULATOR_HOST={srv.base_url})", flush=True)
+          f"(STORAGE_EMULATOR_HOST={srv.base_url})"
+          + (" as an upload sink" if srv.sink else ""), flush=True)
     if args.port_file:
         _write_atomic(args.port_file, f"{srv.port}\n")
     signal.sigwait(sigs)
@@ -2193,6 +2804,9 @@ def _ctl(args):
     elif op == "rewrites":
         need(0, 0, "")
         req = ("GET", "rewrites", None)
+    elif op == "memory":
+        need(0, 0, "")
+        req = ("GET", "memory", None)
     elif op == "wait":
         usage = ("hits KIND [COUNT] | inflight [COUNT] | idle | "
                  "object BUCKET NAME")
@@ -2247,6 +2861,10 @@ def main(argv=None):
                    help="create this bucket with ACLs allowed (ignored)")
     s.add_argument("--require-token",
                    help="answer 401 unless 'Authorization: Bearer TOKEN'")
+    s.add_argument("--sink", action="store_true",
+                   help="keep no uploaded bytes, only size, crc32c, "
+                        "md5Hash and generation (for upload benchmarks; "
+                        "downloads of such objects answer 501)")
     c = sub.add_parser("ctl", help="talk to a running fake's control API")
     c.add_argument("--host", default="127.0.0.1")
     c.add_argument("--port", type=int, required=True)
@@ -2254,7 +2872,8 @@ def main(argv=None):
                    help="for 'wait': seconds to wait (default 5)")
     c.add_argument("op", help="bucket|buckets|objects|get|put|delete|uploads|"
                               "fault|faults|log|reset-log|reset|hits|"
-                              "inflight|auth|rewrite-limit|rewrites|wait")
+                              "inflight|auth|rewrite-limit|rewrites|memory|"
+                              "wait")
     c.add_argument("args", nargs="*")
     args = parser.parse_args(argv)
     return _serve(args) if args.cmd == "serve" else _ctl(args)

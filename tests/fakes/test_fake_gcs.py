@@ -1,19 +1,22 @@
 #!/usr/bin/python3
 """Self-test of fake_gcs.py.
 
-Run from the repo root (Debian's python3: the fake needs python3-crcmod):
+Run from the repo root (Debian's python3: the fake needs python3-crc32c or
+python3-crcmod, and this test python3-crcmod for an independent CRC32C):
     /usr/bin/python3 tests/fakes/test_fake_gcs.py -v
     /usr/bin/python3 -m unittest tests/fakes/test_fake_gcs.py
 
 No sleeps as synchronisation: tests wait on the fake's own counters
-(inflight/hits/objects), which change under the lock the data takes.
-TestRcloneInterop runs only when `rclone` is on PATH (Debian: rclone 1.60);
-its `rclone mount` tests also need /dev/fuse and fusermount3 (Debian: fuse3).
+(inflight/hits/objects/retained bytes), which change under the lock the data
+takes. TestRcloneInterop runs only when `rclone` is on PATH (Debian: rclone
+1.60); its `rclone mount` tests also need /dev/fuse and fusermount3 (Debian:
+fuse3).
 """
 
 import base64
 import hashlib
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import crcmod  # noqa: E402
+import fake_gcs  # noqa: E402
 from fake_gcs import FakeError, FakeGcsServer, QUANTUM  # noqa: E402
 
 SCRIPT = os.path.join(HERE, "fake_gcs.py")
@@ -83,10 +87,12 @@ class Response:
 
 class GcsTestCase(unittest.TestCase):
     require_token = None
+    sink = False
 
     def setUp(self):
         self.srv = FakeGcsServer(buckets=[BUCKET],
-                                 require_token=self.require_token)
+                                 require_token=self.require_token,
+                                 sink=self.sink)
         self.srv.start()
         self.addCleanup(self.srv.stop)
 
@@ -119,11 +125,12 @@ class GcsTestCase(unittest.TestCase):
     def obj_path(self, name, bucket=BUCKET):
         return f"/storage/v1/b/{bucket}/o/{q(name)}"
 
-    def media(self, name, data, bucket=BUCKET, headers=None, **query):
+    def media(self, name, data, bucket=BUCKET, headers=None, chunked=False,
+              **query):
         qs = urllib.parse.urlencode(dict(query, uploadType="media",
                                          name=name))
         return self.request("POST", f"/upload/storage/v1/b/{bucket}/o?{qs}",
-                            data, headers)
+                            data, headers, chunked=chunked)
 
     def start_resumable(self, name=None, meta=None, headers=None,
                         bucket=BUCKET, **query):
@@ -237,6 +244,25 @@ class TestMediaUpload(GcsTestCase):
         self.assertNotIn("metadata", o)
         self.assertEqual(self.srv.get_object_bytes(BUCKET, "dir/a.txt"),
                          data)
+
+    def test_crc32c_module(self):
+        """Debian's python3-crc32c is used when it is installed (crcmod is
+        the fallback); either way the vectors hold."""
+        if importlib.util.find_spec("crc32c") is None:
+            self.assertEqual(fake_gcs.CRC32C_IMPL, "crcmod")
+        else:
+            self.assertTrue(fake_gcs.CRC32C_IMPL.startswith("python3-crc32c"))
+        # The fallback, with crc32c made unimportable.
+        p = subprocess.run([PYTHON, "-c", "import sys; sys.modules['crc32c'] "
+                            "= None; import fake_gcs as f; print(f.CRC32C_IMPL,"
+                            " f._crc32c(b'6789', f._crc32c(b'12345')))"],
+                           cwd=HERE, capture_output=True, text=True,
+                           timeout=20)
+        self.assertEqual(p.stdout.split(), ["crcmod", str(0xE3069283)],
+                         p.stderr)
+        self.assertEqual(fake_gcs._crc32c(b"123456789"), 0xE3069283)
+        self.assertEqual(fake_gcs._crc32c(b"6789", fake_gcs._crc32c(b"12345")),
+                         0xE3069283)
 
     def test_known_crc32c_vector(self):
         o = self.media("v", b"123456789").json()
@@ -1632,6 +1658,217 @@ class TestObservability(GcsTestCase):
                             401)
 
 
+# ---------------------------------------------------------------- memory
+class UploadHashing:
+    """Uploads big enough for the hashing threads, resends and cut chunks:
+    the digests must be those of the bytes, however they arrived. Run with
+    the bytes kept and in sink mode (TestHashingKept, TestHashingSink)."""
+
+    def assertDigests(self, res, data):
+        self.assertEqual((res["size"], res["crc32c"], res["md5Hash"]),
+                         (str(len(data)), crc32c_b64(data), md5_b64(data)))
+        if not self.sink:
+            self.assertEqual(self.srv.get_object_bytes(BUCKET, res["name"]),
+                             data)
+
+    def test_media_and_multipart(self):
+        data = pattern(9 * MIB + 1, 11)
+        self.assertDigests(self.media("m", data).json(), data)
+        self.assertDigests(self.media("c", data, chunked=True).json(), data)
+        body = (b"--b\r\n\r\n{\"name\":\"mp\"}\r\n--b\r\n\r\n" + data[:5 * MIB]
+                + b"\r\n--b--")
+        r = self.request("POST", "/upload/storage/v1/b/ckpt/o?uploadType="
+                                 "multipart", body,
+                         {"Content-Type": "multipart/related; boundary=b"})
+        self.assertDigests(r.json(), data[:5 * MIB])
+
+    def test_big_chunks_resends_and_chunked_bodies(self):
+        data = pattern(13 * MIB + 5, 12)
+        uri = self.start_resumable("r")
+        r = self.chunk(uri, data[:4 * MIB], f"bytes 0-{4 * MIB - 1}/*")
+        self.assertEqual(r.headers["range"], f"bytes=0-{4 * MIB - 1}")
+        # A lost answer: the client resends from an earlier offset; only
+        # the new tail counts.
+        self.srv.fault("reset_after", upload_type="chunk", count=1)
+        self.assertReset(lambda: self.chunk(uri, data[4 * MIB:8 * MIB],
+                                            f"bytes {4 * MIB}-{8 * MIB - 1}"
+                                            "/*"))
+        r = self.chunk(uri, data[6 * MIB:10 * MIB],
+                       f"bytes {6 * MIB}-{10 * MIB - 1}/*", chunked=True)
+        self.assertEqual(r.headers["range"], f"bytes=0-{10 * MIB - 1}")
+        r = self.chunk(uri, data[10 * MIB:], f"bytes {10 * MIB}-"
+                                             f"{len(data) - 1}/{len(data)}")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertDigests(r.json(), data)
+
+    def test_cut_chunks(self):
+        """reset_mid_body persists a prefix of a chunk: the digests follow
+        exactly that prefix (hashed as the body arrived, cut there)."""
+        data = pattern(12 * MIB + 3, 13)
+        uri = self.start_resumable("cut")
+        self.srv.fault("reset_mid_body", upload_type="chunk", count=1)
+        self.assertReset(lambda: self.chunk(uri, data[:8 * MIB],
+                                            f"bytes 0-{8 * MIB - 1}/*"))
+        self.assertEqual(self.srv.uploads()[0]["persisted"], 4 * MIB)
+        self.srv.fault("reset_mid_body", upload_type="chunk", count=1,
+                       bytes=3 * MIB + 5)
+        self.assertReset(lambda: self.chunk(uri, data[2 * MIB:8 * MIB],
+                                            f"bytes {2 * MIB}-{8 * MIB - 1}"
+                                            "/*"))
+        self.assertEqual(self.srv.uploads()[0]["persisted"], 5 * MIB)
+        r = self.chunk(uri, data[5 * MIB:], f"bytes {5 * MIB}-"
+                                            f"{len(data) - 1}/{len(data)}")
+        self.assertEqual(r.status, 200, r.body)
+        self.assertDigests(r.json(), data)
+
+    def test_memory_is_released(self):
+        data = pattern(6 * MIB, 14)
+        uri = self.start_resumable("r")
+        self.chunk(uri, data[:4 * MIB], f"bytes 0-{4 * MIB - 1}/*")
+        self.assertTrue(self.srv.wait_for_retained(0 if self.sink
+                                                   else 4 * MIB))
+        self.assertEqual(self.srv.memory()["open_sessions"], 1)
+        r = self.chunk(uri, data[4 * MIB:], f"bytes {4 * MIB}-"
+                                            f"{len(data) - 1}/{len(data)}")
+        self.assertEqual(r.status, 200, r.body)
+        # The object holds the chunks' own buffers: one copy of the bytes,
+        # none in sink mode; the finished session none.
+        self.assertTrue(self.srv.wait_for_retained(0 if self.sink
+                                                   else len(data)))
+        self.assertEqual(self.srv.memory(), {
+            "retained_bytes": 0 if self.sink else len(data),
+            "buffers": 0 if self.sink else 2, "open_sessions": 0})
+        self.assertEqual(self.request("DELETE", self.obj_path("r")).status,
+                         204)
+        self.assertTrue(self.srv.wait_for_retained(0))
+        # The finished session still answers with its object's resource.
+        r = self.chunk(uri, None, "bytes */*")
+        self.assertEqual((r.status, r.json()["size"]), (200, str(len(data))))
+
+
+class TestHashingKept(UploadHashing, GcsTestCase):
+    pass
+
+
+class TestHashingSink(UploadHashing, GcsTestCase):
+    sink = True
+
+
+class TestMemory(GcsTestCase):
+    """Nothing holds upload bytes longer than the objects that own them."""
+
+    def test_cancelled_and_failed_sessions_free_their_bytes(self):
+        uri = self.start_resumable("c")
+        self.chunk(uri, pattern(2 * MIB), f"bytes 0-{2 * MIB - 1}/*")
+        self.assertTrue(self.srv.wait_for_retained(2 * MIB))
+        self.assertEqual(self.request("DELETE", uri).status, 499)
+        self.assertTrue(self.srv.wait_for_retained(0))
+        uri = self.start_resumable("f")
+        self.chunk(uri, pattern(2 * MIB), f"bytes 0-{2 * MIB - 1}/*")
+        r = self.chunk(uri, b"x", f"bytes {2 * MIB}-{2 * MIB}/{2 * MIB + 1}",
+                       headers={"X-Goog-Hash": "crc32c=AAAAAA=="})
+        self.assertGcsError(r, 400, contains="CRC32C")
+        self.assertTrue(self.srv.wait_for_retained(0))
+        self.assertEqual(self.srv.memory()["buffers"], 0)
+        # The failed session keeps answering its error.
+        self.assertGcsError(self.chunk(uri, None, "bytes */*"), 400,
+                            contains="CRC32C")
+
+    def test_copies_share_and_overwrites_free(self):
+        data = pattern(3 * MIB, 15)
+        self.media("a", data)
+        self.media("a", data)                    # the first copy is freed
+        self.assertTrue(self.srv.wait_for_retained(len(data)))
+        path = self.obj_path("a")
+        for dst in ("b", "c"):
+            self.request("POST", f"{path}/copyTo/b/{BUCKET}/o/{dst}", b"")
+        self.srv.wait_idle()
+        self.assertEqual(self.srv.memory()["retained_bytes"], len(data))
+        for name in ("a", "b"):
+            self.request("DELETE", self.obj_path(name))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "c"), data)
+        self.request("DELETE", self.obj_path("c"))
+        self.assertTrue(self.srv.wait_for_retained(0))
+
+    def test_rewrite_tokens_keep_no_bytes(self):
+        self.media("src", pattern(3 * MIB, 16))
+        self.srv.set_rewrite_limit(MIB)
+        out = self.request("POST", f"/storage/v1/b/{BUCKET}/o/src/rewriteTo"
+                                   f"/b/{BUCKET}/o/dst", b"").json()
+        self.assertIs(out["done"], False)
+        self.request("DELETE", self.obj_path("src"))
+        self.assertTrue(self.srv.wait_for_retained(0))
+        self.assertEqual(self.srv.rewrites()[0]["size"], 3 * MIB)
+        r = self.request("POST", f"/storage/v1/b/{BUCKET}/o/src/rewriteTo/b/"
+                                 f"{BUCKET}/o/dst?rewriteToken="
+                                 f"{out['rewriteToken']}", b"")
+        self.assertGcsError(r, 404)
+
+    def test_memory_control_api(self):
+        self.media("a", b"12345")
+        self.srv.wait_idle()
+        r = self.request("GET", "/_fake/memory")
+        self.assertEqual(r.json(), {"retained_bytes": 5, "buffers": 1,
+                                    "open_sessions": 0})
+
+    def test_one_chunk_streams_into_a_session_at_a_time(self):
+        """While a chunk's bytes are being hashed into its session (here:
+        read, then held by a slow fault), a query still answers, but a
+        finalizing query or another chunk is a 503 to retry."""
+        data = pattern(QUANTUM * 3, 17)
+        uri = self.start_resumable("s")
+        self.chunk(uri, data[:QUANTUM], f"bytes 0-{QUANTUM - 1}/*")
+        self.srv.fault("slow", delay_ms=10000, upload_type="chunk", count=1)
+        held = threading.Thread(target=lambda: self.chunk(
+            uri, data[QUANTUM:2 * QUANTUM],
+            f"bytes {QUANTUM}-{2 * QUANTUM - 1}/*"))
+        held.start()
+        # Counted once its body was read: it is streaming into s by then.
+        self.assertTrue(self.srv.wait_for_hits("chunk", 2))
+        r = self.chunk(uri, None, "bytes */*")
+        self.assertEqual(r.headers["range"], f"bytes=0-{QUANTUM - 1}")
+        self.assertGcsError(self.chunk(uri, None, f"bytes */{QUANTUM}"), 503)
+        self.assertGcsError(self.chunk(uri, data[QUANTUM:],
+                                       f"bytes {QUANTUM}-{3 * QUANTUM - 1}/"
+                                       f"{3 * QUANTUM}"), 503)
+        self.srv.fault("none")                   # releases the held chunk
+        held.join()
+        r = self.chunk(uri, data[2 * QUANTUM:], f"bytes {2 * QUANTUM}-"
+                                                f"{3 * QUANTUM - 1}/"
+                                                f"{3 * QUANTUM}")
+        self.assertEqual(r.json()["md5Hash"], md5_b64(data))
+
+
+class TestSink(GcsTestCase):
+    """sink=True: uploads keep no bytes, only what resources report."""
+    sink = True
+
+    def test_downloads_say_why(self):
+        res = self.media("m", b"sunk bytes").json()
+        self.assertEqual((res["size"], res["md5Hash"]),
+                         ("10", md5_b64(b"sunk bytes")))
+        self.assertEqual(self.srv.objects(BUCKET)[0]["kept"], False)
+        err = self.assertGcsError(self.request("GET", self.obj_path("m")
+                                               + "?alt=media"), 501,
+                                  "notImplemented")
+        self.assertIn("--sink", err["message"])
+        with self.assertRaises(FakeError):
+            self.srv.get_object_bytes(BUCKET, "m")
+        # Metadata, lists and copies work; the copies are sunk too.
+        self.assertEqual(self.request("GET", self.obj_path("m")).json(), res)
+        out = self.request("POST", self.obj_path("m") + f"/copyTo/b/{BUCKET}"
+                                                        "/o/mn", b"").json()
+        self.assertEqual(out["crc32c"], crc32c_b64(b"sunk bytes"))
+        self.assertGcsError(self.request("GET", self.obj_path("mn")
+                                         + "?alt=media"), 501)
+        # Seeded objects keep their bytes.
+        self.srv.put_object(BUCKET, "seed", b"kept")
+        r = self.request("GET", self.obj_path("seed") + "?alt=media")
+        self.assertEqual(r.body, b"kept")
+        self.srv.wait_idle()
+        self.assertEqual(self.srv.memory()["retained_bytes"], 4)
+
+
 # ---------------------------------------------------------------- script
 class TestScript(unittest.TestCase):
     def test_serve_and_ctl(self):
@@ -1705,6 +1942,39 @@ class TestScript(unittest.TestCase):
         self.assertEqual(ctl("rewrite-limit", "1048576")[0], 0)
         self.assertEqual(ctl("rewrite-limit", "none")[0], 0)
         self.assertEqual(json.loads(ctl("rewrites")[1]), [])
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(10), 0)
+
+    def test_serve_sink(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        port_file = os.path.join(tmp, "port")
+        proc = subprocess.Popen([PYTHON, SCRIPT, "serve", "--port-file",
+                                 port_file, "--bucket", "ckpt", "--sink"],
+                                stdout=subprocess.PIPE, text=True)
+        self.addCleanup(proc.stdout.close)
+        self.addCleanup(lambda: proc.poll() is None and (proc.kill(),
+                                                         proc.wait(5)))
+        self.assertTrue(wait_until(lambda: os.path.exists(port_file), 10))
+        self.assertIn("as an upload sink", proc.stdout.readline())
+        with open(port_file) as f:
+            port = int(f.read())
+        data = pattern(5 * MIB, 8)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/upload/storage/v1/b/ckpt/o?uploadType=media&"
+                             "name=big", data)
+        res = json.loads(conn.getresponse().read())
+        self.assertEqual((res["size"], res["md5Hash"]),
+                         (str(len(data)), md5_b64(data)))
+        conn.request("GET", "/storage/v1/b/ckpt/o/big?alt=media")
+        r = conn.getresponse()
+        self.assertEqual(r.status, 501)
+        self.assertIn(b"--sink", r.read())
+        conn.close()
+        p = subprocess.run([PYTHON, SCRIPT, "ctl", "--port", str(port),
+                            "memory"], capture_output=True, timeout=20)
+        self.assertEqual(json.loads(p.stdout), {
+            "retained_bytes": 0, "buffers": 0, "open_sessions": 0})
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(10), 0)
 
