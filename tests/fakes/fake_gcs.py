@@ -4,8 +4,9 @@
 Speaks the Cloud Storage JSON API subset described in
 /work/shared/REFERENCE.md ("Cloud Storage JSON API") over loopback: media,
 multipart and resumable uploads, listing, object metadata, downloads (with
-Range), deletes, server-side copy and rewrite (multi-call with rewrite
-tokens) and generation preconditions. A control API under /_fake/ on the same port lets
+Range), deletes, server-side copy, rewrite (multi-call with rewrite tokens)
+and compose (composite objects: CRC32C only, componentCount), and
+generation preconditions. A control API under /_fake/ on the same port lets
 tests seed data, inject faults and observe exactly what the client did.
 Point clients at it with STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT.
 
@@ -94,13 +95,16 @@ MMAP_MIN = 1 << 20             # bodies this big go to pre-faulted mmaps
 SINK_BLOCKS = 8                # sink mode: blocks of a body in flight
 POOL_KEEP = 32                 # sink mode: idle blocks kept for reuse
 CHUNKED_BLOCK_MAX = 16 << 20   # blocks for chunked bodies grow up to this
+COMPOSE_MAX_SOURCES = 32
+COMPONENT_COUNT_MAX = 2 ** 31 - 1   # componentCount saturates here (GCS)
+DATA_PARTS_MAX = 4096          # compose flattens sources' parts up to this
 
 FAULT_MODES = ("none", "status", "reset_before", "reset_mid_body",
                "reset_after", "slow")
 UPLOAD_TYPES = ("media", "multipart", "resumable", "chunk", "query")
 DATA_KINDS = ("media", "chunk")  # bodies that are object data, hashed as read
 KINDS = UPLOAD_TYPES + ("cancel", "download", "get", "list", "delete",
-                        "copy", "rewrite", "bucket", "buckets",
+                        "copy", "rewrite", "compose", "bucket", "buckets",
                         "unsupported", "invalid", "unknown")
 # Request headers copied into log entries (Authorization never is: the log
 # records the auth outcome instead).
@@ -196,6 +200,39 @@ def _b64(raw):
 
 def _crc_b64(crc):
     return _b64(struct.pack(">I", crc))
+
+
+# CRC32C of a concatenation from the parts' CRCs (zlib's crc32_combine, for
+# the Castagnoli polynomial): compose never re-reads the sources' bytes.
+_CRC32C_POLY = 0x82F63B78      # reflected
+
+
+def _multmodp(a, b):
+    """a * b modulo the CRC polynomial (reflected bit order)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if (a & (m - 1)) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _CRC32C_POLY if b & 1 else b >> 1
+
+
+_X2N = [1 << 30]               # x^(2^k) modulo the polynomial
+for _ in range(63):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+
+
+def _crc32c_combine(crc1, crc2, len2):
+    """CRC32C of A + B from crc1 = CRC32C(A), crc2 = CRC32C(B), len2 = |B|."""
+    p, n, k = 1 << 31, len2, 3            # x^(8 * len2)
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 63], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 class _StreamHash:
@@ -618,6 +655,21 @@ def _content_length(headers):
     return n if n >= 0 else None
 
 
+def _json_int(obj, key, what):
+    """An int64 field of a JSON request: a number or a decimal string."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or (
+            isinstance(v, str) and not re.fullmatch(r"-?\d+", v)):
+        raise GcsError(400, f"Invalid value for {what}: {v!r}")
+    return int(v)
+
+
+def _crc_int(b64):
+    return struct.unpack(">I", base64.b64decode(b64))[0]
+
+
 def _not_kept_message(obj):
     return (f"fake-gcs: the bytes of {obj.bucket}/{obj.name} were not kept: "
             "this fake runs as an upload sink (sink=True, serve --sink), "
@@ -674,8 +726,9 @@ class _BlockPool:
 
 
 class _Data:
-    """An object's bytes, immutable once made: a list of memoryviews of
-    upload buffers. Nothing is copied: copies and rewrites share the parts,
+    """An object's bytes, immutable once made: a list of parts, each a
+    memoryview of an upload buffer or another _Data (a compose source).
+    Nothing is copied: copies, rewrites and composes share the parts,
     downloads send memoryview slices of them."""
 
     __slots__ = ("parts", "size")
@@ -700,7 +753,9 @@ class _Data:
             if off >= end:
                 return
             a, b = max(first - off, 0), min(end - off, n)
-            if block is None:
+            if isinstance(part, _Data):
+                yield from part.views(a, b, block)
+            elif block is None:
                 yield part[a:b]
             else:
                 for i in range(a, b, block):
@@ -713,6 +768,14 @@ class _Data:
     def tobytes(self, first=0, end=None):
         return b"".join(self.views(first, end))
 
+    @staticmethod
+    def concat(items):
+        """The concatenation of _Data items: their parts side by side while
+        that stays short, else the items themselves as parts (a tree:
+        composing an object with itself over and over stays small)."""
+        flat = [p for d in items for p in d.parts]
+        return _Data(flat if len(flat) <= DATA_PARTS_MAX else items)
+
 
 class _Object:
     """A live object. data is None when its bytes were not kept (sink
@@ -720,7 +783,7 @@ class _Object:
 
     __slots__ = ("bucket", "name", "data", "size", "generation",
                  "metageneration", "content_type", "fields", "crc32c", "md5",
-                 "created")
+                 "components", "created")
 
     def resource(self, base):
         q = _quote(self.name)
@@ -743,6 +806,10 @@ class _Object:
              "timeCreated": t,
              "updated": t,
              "timeStorageClassUpdated": t}
+        if self.md5 is None:               # composite objects have no MD5
+            del r["md5Hash"]
+        if self.components is not None:
+            r["componentCount"] = self.components
         r.update(self.fields)
         return r
 
@@ -753,6 +820,10 @@ class _Object:
              "crc32c": self.crc32c, "md5Hash": self.md5,
              "contentType": self.content_type,
              "updated": _rfc3339(self.created)}
+        if self.md5 is None:
+            del s["md5Hash"]
+        if self.components is not None:
+            s["componentCount"] = self.components
         if "metadata" in self.fields:
             s["metadata"] = dict(self.fields["metadata"])
         if self.data is None:
@@ -838,13 +909,16 @@ class _Route:
     """What a request is, decided from its line and headers (+ body)."""
 
     __slots__ = ("kind", "bucket", "object", "upload_id", "what", "error",
-                 "dst_bucket", "dst_object")
+                 "dst_bucket", "dst_object", "sources")
 
     def __init__(self, kind="unknown"):
         self.kind = kind
         self.bucket = self.object = self.upload_id = None
-        # copy/rewrite: bucket/object are the source, these the destination
+        # copy/rewrite: bucket/object are the source, these the destination;
+        # compose: bucket/object are the destination, sources the names of
+        # its sources (from the body)
         self.dst_bucket = self.dst_object = None
+        self.sources = None
         self.what = None     # for 'unsupported': what is not implemented
         self.error = None    # for 'invalid': the GcsError to answer
 
@@ -1304,13 +1378,15 @@ class FakeGcsServer:
             return False
         if "path_prefix" in f and not path.startswith(f["path_prefix"]):
             return False
-        # copy/rewrite match on their source or their destination.
+        # copy/rewrite match on their source or their destination, compose
+        # on its destination or any of its sources.
         if "bucket" in f and f["bucket"] not in (route.bucket,
                                                  route.dst_bucket):
             return False
         if "object_prefix" in f and not any(
                 o is not None and o.startswith(f["object_prefix"])
-                for o in (route.object, route.dst_object)):
+                for o in (route.object, route.dst_object,
+                          *(route.sources or ()))):
             return False
         if "upload_type" in f and route.kind != f["upload_type"]:
             return False
@@ -1423,8 +1499,8 @@ class FakeGcsServer:
             self._buffers -= 1
             self._mem.notify_all()
 
-    def _commit(self, bucket, name, data, size, ctype, fields, pre, crc,
-                md5):
+    def _commit(self, bucket, name, data, size, ctype, fields, pre, crc, md5,
+                components=None):
         """Make data (a _Data, or None if not kept) the live object
         bucket/name (preconditions checked atomically with the write).
         Returns the new _Object."""
@@ -1442,6 +1518,7 @@ class FakeGcsServer:
             obj.content_type = ctype
             obj.fields = fields
             obj.crc32c, obj.md5 = crc, md5
+            obj.components = components
             obj.created = time.time()
             if cur is None:
                 bisect.insort(b.names, name)
@@ -1475,6 +1552,8 @@ class FakeGcsServer:
                  "dst_bucket": route.dst_bucket,
                  "dst_object": route.dst_object,
                  "time": t0, "status": None}
+        if route.kind == "compose":
+            entry["sources"] = route.sources
         with self._lock:
             self._log.append(entry)
             if len(self._log) > LOG_LIMIT:
@@ -1658,10 +1737,16 @@ class FakeGcsServer:
                         r.dst_object = _unquote_strict(parts[4],
                                                        "object name")
                         return r
-                    for prefix, what in (("acl", "object ACLs"),
-                                         ("compose", "compose")):
-                        if sub == prefix or sub.startswith(prefix + "/"):
-                            return unsupported(what)
+                    if parts[0] == "compose":
+                        r = _Route()
+                        if sub != "compose" or method != "POST":
+                            return r
+                        r.kind = "compose"
+                        r.bucket = bucket
+                        r.object = _unquote_strict(src_raw, "object name")
+                        return r
+                    if sub == "acl" or sub.startswith("acl/"):
+                        return unsupported("object ACLs")
                     r = _Route()
                     r.error = encoding_404
                     return r
@@ -2149,10 +2234,10 @@ class FakeGcsServer:
 
     def _commit_copy(self, job, src):
         """Write the destination: src's bytes (shared, not copied) and
-        digests."""
+        digests; a copy of a composite object is composite too."""
         return self._commit(job.dst_bucket, job.dst_name, src.data, src.size,
                             job.content_type, job.fields, job.pre,
-                            src.crc32c, src.md5)
+                            src.crc32c, src.md5, src.components)
 
     def _do_copy(self, route, req, cut):
         job = self._copy_request(route, req)
@@ -2245,8 +2330,12 @@ class FakeGcsServer:
         if obj.data is None:
             raise GcsError(501, _not_kept_message(obj))
         size = obj.size
+        # x-goog-hash is the whole object's, also for a range; composite
+        # objects have no MD5.
+        goog_hash = f"crc32c={obj.crc32c}" + (f",md5={obj.md5}"
+                                              if obj.md5 else "")
         headers = [
-            ("X-Goog-Hash", f"crc32c={obj.crc32c},md5={obj.md5}"),
+            ("X-Goog-Hash", goog_hash),
             ("X-Goog-Generation", str(obj.generation)),
             ("X-Goog-Metageneration", str(obj.metageneration)),
             ("X-Goog-Stored-Content-Length", str(size)),
@@ -2255,6 +2344,8 @@ class FakeGcsServer:
             ("Last-Modified", email.utils.formatdate(obj.created,
                                                      usegmt=True)),
             ("Accept-Ranges", "bytes")]
+        if obj.components is not None:
+            headers.append(("X-Goog-Component-Count", str(obj.components)))
         rng = req.headers.get("Range")
         m = _RANGE.fullmatch(rng.strip()) if rng else None
         if m is not None and (m.group(1) or m.group(2)):
@@ -2274,6 +2365,104 @@ class FakeGcsServer:
             return _Reply(206, obj.data.slice(first, last + 1),
                           obj.content_type, headers)
         return _Reply(200, obj.data, obj.content_type, headers)
+
+    # ------------------------------------------------------------ compose
+    def _do_compose(self, route, req, cut):
+        """objects.compose: the destination (the path's object) becomes the
+        sources' bytes in order, shared not copied, with the CRC32C
+        combined from theirs, no MD5, and componentCount the sum of the
+        sources' (a non-composite object counts 1)."""
+        q = req.query
+        _check_name(route.object)
+        b = self._bucket(route.bucket)
+        body = _parse_json(req.body) if bytes(req.body).strip() else None
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            raise GcsError(400, "A compose request must be a JSON object "
+                                "(storage#composeRequest).", "parseError")
+        wanted = self._compose_sources(body.get("sourceObjects"), b.name)
+        dest = body.get("destination")
+        if dest is None:
+            dest = {}
+        if not isinstance(dest, dict):
+            raise GcsError(400, "Invalid value for destination: an object "
+                                "resource is expected.")
+        fields, expected = _metadata_fields(dest)
+        expected.pop("md5", None)    # GCS ignores MD5s in compose requests
+        pre = _preconditions(q)
+        if b.uniform and (q.get("destinationPredefinedAcl")
+                          or dest.get("acl")):
+            raise GcsError(400, UBLA_MESSAGE)
+        with self._lock:
+            srcs = []
+            for name, gen, if_gen in wanted:
+                o = b.objects.get(name)
+                if o is None or (gen is not None and gen != o.generation):
+                    raise GcsError(404, f"No such object: {b.name}/{name}")
+                if if_gen is not None and if_gen != o.generation:
+                    raise GcsError(412, PRECONDITION_MESSAGE,
+                                   "conditionNotMet",
+                                   location=("header", "If-Match"))
+                srcs.append(o)
+        crc, size, count = 0, 0, 0
+        for o in srcs:
+            crc = _crc32c_combine(crc, _crc_int(o.crc32c), o.size)
+            size += o.size
+            count += o.components if o.components is not None else 1
+        crc = _crc_b64(crc)
+        _verify(expected, crc, None)
+        data = None if any(o.data is None for o in srcs) else \
+            _Data.concat([o.data for o in srcs])
+        ctype = dest.get("contentType") or "application/octet-stream"
+        obj = self._commit(b.name, route.object, data, size, ctype, fields,
+                           pre, crc, None, min(count, COMPONENT_COUNT_MAX))
+        if q.get("deleteSourceObjects", "").lower() == "true":
+            with self._lock:
+                for o in srcs:
+                    live = b.objects.get(o.name)
+                    if live is not None and live.generation == o.generation:
+                        self._remove_locked(b, o.name)
+        return _json_reply(obj.resource(req.base))
+
+    @staticmethod
+    def _compose_sources(sources, bucket):
+        """[(name, generation or None, ifGenerationMatch or None)] from a
+        compose request's sourceObjects; 400 when malformed."""
+        if sources is None or sources == []:
+            raise GcsError(400, "Required", "required")
+        if not isinstance(sources, list):
+            raise GcsError(400, "Invalid value for sourceObjects: a list is "
+                                "expected.")
+        if len(sources) > COMPOSE_MAX_SOURCES:
+            raise GcsError(400, "The number of source components provided "
+                                f"({len(sources)}) exceeds the maximum "
+                                f"({COMPOSE_MAX_SOURCES})")
+        out = []
+        for i, src in enumerate(sources):
+            what = f"sourceObjects[{i}]"
+            if not isinstance(src, dict):
+                raise GcsError(400, f"Invalid value for {what}.")
+            name = src.get("name")
+            if not isinstance(name, str) or not name:
+                raise GcsError(400, "Required", "required")
+            if src.get("bucket") not in (None, bucket):
+                raise GcsError(400, f"Invalid value for {what}.bucket: "
+                                    "source objects must be in the "
+                                    "destination's bucket (fake-gcs).")
+            gen = _json_int(src, "generation", f"{what}.generation")
+            pre = src.get("objectPreconditions") or {}
+            if not isinstance(pre, dict):
+                raise GcsError(400, f"Invalid value for "
+                                    f"{what}.objectPreconditions.")
+            if_gen = _json_int(pre, "ifGenerationMatch", f"{what}."
+                               "objectPreconditions.ifGenerationMatch")
+            if gen is not None and if_gen is not None and gen != if_gen:
+                raise GcsError(400, f"Invalid value for {what}: generation "
+                                    f"{gen} and objectPreconditions."
+                                    f"ifGenerationMatch {if_gen} differ.")
+            out.append((name, gen, if_gen))
+        return out
 
     def _do_list(self, route, req, cut):
         b = self._bucket(route.bucket)
@@ -2533,6 +2722,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = None if data_kind else intake.contiguous()
         if route.kind in ("multipart", "resumable") and route.object is None:
             route.object = _peek_name(route.kind, self.headers, body)
+        if route.kind == "compose":
+            route.sources = _peek_sources(body)
         entry, fault = fake._arrive(self.command, url.path, query,
                                     self.headers, intake.size, route, t0)
         mode = fault["mode"] if fault else None
@@ -2695,6 +2886,17 @@ def _peek_name(kind, headers, body):
             meta = json.loads(bytes(_parse_multipart(body, boundary)[0][1]))
         name = meta.get("name")
         return name if isinstance(name, str) else None
+    except Exception:  # noqa: BLE001 - malformed input is answered later
+        return None
+
+
+def _peek_sources(body):
+    """Source names of a compose request, for logs and fault matching only
+    (errors are reported by the handler)."""
+    try:
+        sources = json.loads(bytes(body))["sourceObjects"]
+        return [src["name"] for src in sources
+                if isinstance(src, dict) and isinstance(src.get("name"), str)]
     except Exception:  # noqa: BLE001 - malformed input is answered later
         return None
 

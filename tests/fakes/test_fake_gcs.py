@@ -263,6 +263,11 @@ class TestMediaUpload(GcsTestCase):
         self.assertEqual(fake_gcs._crc32c(b"123456789"), 0xE3069283)
         self.assertEqual(fake_gcs._crc32c(b"6789", fake_gcs._crc32c(b"12345")),
                          0xE3069283)
+        a, b = pattern(1000, 1), pattern(5000, 2)
+        self.assertEqual(fake_gcs._crc32c_combine(
+            _crc32c_int(a), _crc32c_int(b), len(b)), _crc32c_int(a + b))
+        self.assertEqual(fake_gcs._crc32c_combine(0, _crc32c_int(b), len(b)),
+                         _crc32c_int(b))
 
     def test_known_crc32c_vector(self):
         o = self.media("v", b"123456789").json()
@@ -911,7 +916,6 @@ class TestNotImplemented(GcsTestCase):
         self.media("src", b"1")
         src = self.obj_path("src")
         cases = [
-            ("POST", f"/storage/v1/b/{BUCKET}/o/dst/compose"),
             ("GET", f"{src}/acl"),
             ("PATCH", src),
             ("PUT", src),
@@ -1353,6 +1357,290 @@ class TestCopyRewrite(GcsTestCase):
         self.assertEqual(self.srv.hits_by_kind().get("copy"), 3)
 
 
+# ---------------------------------------------------------------- compose
+class TestCompose(GcsTestCase):
+    """objects.compose: composite objects."""
+
+    def compose(self, dest, sources, destination=None, bucket=BUCKET,
+                body=None, **query):
+        """POST .../o/DEST/compose; sources: names or sourceObjects dicts."""
+        if body is None:
+            body = {"kind": "storage#composeRequest", "sourceObjects": [
+                s if isinstance(s, dict) else {"name": s} for s in sources]}
+            if destination is not None:
+                body["destination"] = destination
+        path = f"/storage/v1/b/{bucket}/o/{q(dest)}/compose"
+        if query:
+            path += "?" + urllib.parse.urlencode(query)
+        return self.request("POST", path, json.dumps(body).encode(),
+                            {"Content-Type": "application/json"})
+
+    def seed(self, **objects):
+        return {name: self.srv.put_object(BUCKET, name, data,
+                                          "text/x-source", {"src": name})
+                for name, data in objects.items()}
+
+    def assertComposite(self, res, data, components):
+        self.assertEqual(res["kind"], "storage#object")
+        self.assertEqual(res["size"], str(len(data)))
+        self.assertEqual(res["crc32c"], crc32c_b64(data))
+        self.assertNotIn("md5Hash", res)      # composite objects have none
+        self.assertEqual(res["componentCount"], components)
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, res["name"]),
+                         data)
+
+    def test_concatenates_in_request_order(self):
+        a, b, c = pattern(1000, 1), pattern(300 * KIB + 7, 2), b"c" * 5
+        srcs = self.seed(a=a, b=b, c=c)
+        r = self.compose("out", ["c", "a", "b", "a"])
+        self.assertEqual(r.status, 200, r.body)
+        res = r.json()
+        self.assertComposite(res, c + a + b + a, 4)
+        self.assertEqual((res["bucket"], res["name"], res["metageneration"]),
+                         (BUCKET, "out", "1"))
+        self.assertGreater(int(res["generation"]),
+                           max(int(o["generation"]) for o in srcs.values()))
+        # No destination resource: default content type, no metadata (the
+        # sources' are not inherited).
+        self.assertEqual(res["contentType"], "application/octet-stream")
+        self.assertNotIn("metadata", res)
+        self.assertEqual(res, self.srv.object_resource(BUCKET, "out"))
+        # Sources are unaffected.
+        for name, obj in srcs.items():
+            self.assertEqual(self.srv.object_resource(BUCKET, name), obj)
+        summary = self.srv.objects(BUCKET, "out")[0]
+        self.assertNotIn("md5Hash", summary)
+        self.assertEqual(summary["componentCount"], 4)
+        # A plain object has no componentCount.
+        self.assertNotIn("componentCount", srcs["a"])
+        self.assertEqual(self.srv.hits("compose"), 1)
+        entry = self.srv.log()[-1]
+        self.assertEqual((entry["kind"], entry["bucket"], entry["object"],
+                          entry["sources"], entry["status"]),
+                         ("compose", BUCKET, "out", ["c", "a", "b", "a"],
+                          200))
+        # The list shows it as GCS does.
+        items = self.request("GET", f"/storage/v1/b/{BUCKET}/o?prefix=out"
+                             ).json()["items"]
+        self.assertEqual(items, [res])
+
+    def test_downloads_carry_only_crc32c(self):
+        data = pattern(2 * MIB + 3, 5)
+        self.seed(x=data[:MIB], y=data[MIB:])
+        res = self.compose("z", ["x", "y"]).json()
+        r = self.request("GET", self.obj_path("z") + "?alt=media")
+        self.assertEqual(r.body, data)
+        self.assertEqual(r.headers["x-goog-hash"],
+                         f"crc32c={crc32c_b64(data)}")
+        self.assertEqual(r.headers["x-goog-component-count"], "2")
+        # A range: the slice, with the whole object's hash; generation=
+        # is honoured (only the live one exists).
+        r = self.request("GET", self.obj_path("z") + "?alt=media&generation="
+                         + res["generation"],
+                         headers={"Range": f"bytes={MIB - 5}-{MIB + 4}"})
+        self.assertEqual((r.status, r.body), (206, data[MIB - 5:MIB + 5]))
+        self.assertEqual(r.headers["x-goog-hash"],
+                         f"crc32c={crc32c_b64(data)}")
+        self.assertEqual(r.headers["content-range"],
+                         f"bytes {MIB - 5}-{MIB + 4}/{len(data)}")
+        r = self.request("GET", self.obj_path("z") + "?alt=media&generation="
+                         + str(int(res["generation"]) - 1),
+                         headers={"Range": "bytes=0-9"})
+        self.assertGcsError(r, 404)
+
+    def test_source_count_limits(self):
+        self.seed(a=b"a")
+        self.assertGcsError(self.compose("d", []), 400, "required")
+        self.assertGcsError(self.compose("d", None, body={}), 400,
+                            "required")
+        err = self.assertGcsError(self.compose("d", ["a"] * 33), 400,
+                                  "invalid")
+        self.assertEqual(err["message"], "The number of source components "
+                                         "provided (33) exceeds the maximum "
+                                         "(32)")
+        self.assertEqual(self.srv.objects(BUCKET, "d"), [])
+        r = self.compose("d", ["a"] * 32)
+        self.assertComposite(r.json(), b"a" * 32, 32)
+
+    def test_missing_or_mismatched_source(self):
+        srcs = self.seed(a=b"A", b=b"B")
+        gen_a = srcs["a"]["generation"]
+        self.assertGcsError(self.compose("d", ["a", "nope"]), 404,
+                            "notFound", contains=f"No such object: {BUCKET}"
+                                                 "/nope")
+        # generation: a number or an int64 string; the live one only.
+        r = self.compose("d", [{"name": "a", "generation": gen_a},
+                               {"name": "b", "generation":
+                                int(srcs["b"]["generation"])}])
+        self.assertEqual(r.status, 200, r.body)
+        self.assertGcsError(self.compose("e", [
+            {"name": "a", "generation": str(int(gen_a) + 1)}]), 404)
+        # objectPreconditions.ifGenerationMatch: 412 as GCS.
+        err = self.assertGcsError(self.compose("e", [
+            "b", {"name": "a", "objectPreconditions":
+                  {"ifGenerationMatch": int(gen_a) - 1}}]), 412,
+            "conditionNotMet")
+        self.assertEqual(err["message"], "At least one of the pre-conditions "
+                                         "you specified did not hold.")
+        r = self.compose("e", [{"name": "a", "objectPreconditions":
+                                {"ifGenerationMatch": gen_a}}])
+        self.assertEqual(r.status, 200, r.body)
+        # Both given: they must agree.
+        self.assertGcsError(self.compose("f", [
+            {"name": "a", "generation": gen_a, "objectPreconditions":
+             {"ifGenerationMatch": int(gen_a) + 1}}]), 400)
+        for bad in ({"name": "a", "generation": "12x"}, {"name": ""},
+                    {"generation": gen_a}, {"name": 7}, ["a"],
+                    {"name": "a", "generation": True},
+                    {"name": "a", "objectPreconditions": 3},
+                    {"name": "a", "bucket": "other"}):
+            with self.subTest(bad=bad):
+                self.assertGcsError(self.compose("f", None, body={
+                    "sourceObjects": [bad]}), 400)
+        self.assertGcsError(self.compose("f", None, body={
+            "sourceObjects": "a"}), 400)
+        self.assertEqual(self.srv.objects(BUCKET, "f"), [])
+
+    def test_destination_preconditions(self):
+        self.seed(a=b"A", b=b"B")
+        first = self.compose("d", ["a"], ifGenerationMatch=0).json()
+        # ifGenerationMatch=0 on an existing object: GCS's 412.
+        r = self.compose("d", ["b"], ifGenerationMatch=0)
+        self.assertEqual(r.json(), {"error": {
+            "code": 412, "message": "At least one of the pre-conditions you "
+                                    "specified did not hold.",
+            "errors": [{"message": "At least one of the pre-conditions you "
+                                   "specified did not hold.",
+                        "domain": "global", "reason": "conditionNotMet",
+                        "locationType": "header", "location": "If-Match"}]}})
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "d"), b"A")
+        self.assertGcsError(self.compose("d", ["b"], ifMetagenerationMatch=2),
+                            412)
+        self.assertGcsError(self.compose("d", ["b"], ifGenerationMatch="x"),
+                            400)
+        r = self.compose("d", ["b"], ifGenerationMatch=first["generation"],
+                         ifMetagenerationMatch=1)
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "d"), b"B")
+
+    def test_composite_of_composites_and_component_count(self):
+        a, b, c = b"alpha-", b"bravo-", b"charlie"
+        self.seed(a=a, b=b, c=c)
+        self.compose("ab", ["a", "b"])
+        r = self.compose("abcab", ["ab", "c", "ab"])
+        self.assertComposite(r.json(), a + b + c + a + b, 5)
+        # Appending to an object in place (the documented use).
+        for i in range(3):
+            self.srv.put_object(BUCKET, "tail", bytes([48 + i]))
+            r = self.compose("abcab", ["abcab", "tail"])
+        self.assertComposite(r.json(), a + b + c + a + b + b"012", 8)
+        # componentCount is the sum, past the old 1024 cap: GCS dropped that
+        # limit (2019) and saturates the count at 2^31-1 instead.
+        self.srv.put_object(BUCKET, "one", b"1")
+        self.compose("c32", ["one"] * 32)
+        self.compose("c1024", ["c32"] * 32)
+        r = self.compose("c2048", ["c1024", "c1024"])
+        self.assertComposite(r.json(), b"1" * 2048, 2048)
+        name = "c2048"
+        for level in range(3):
+            r = self.compose(f"big{level}", [name] * 32)
+            name = f"big{level}"
+        self.assertEqual(r.json()["componentCount"], 2 ** 26)
+        r = self.compose("huge", [name] * 32)      # 2^31 components
+        res = r.json()
+        self.assertEqual(res["componentCount"], 2 ** 31 - 1)
+        self.assertEqual(res["size"], str(2 ** 31))   # never materialised
+        r = self.request("GET", self.obj_path("huge") + "?alt=media",
+                         headers={"Range": "bytes=-4"})
+        self.assertEqual((r.status, r.body), (206, b"1111"))
+
+    def test_destination_resource(self):
+        self.seed(a=b"aa", b=b"bb")
+        dest = {"contentType": "application/x-ckpt", "metadata": {"step": "9"},
+                "contentEncoding": "identity", "cacheControl": "no-store",
+                "contentDisposition": "inline", "name": "ignored",
+                "md5Hash": "AAAAAAAAAAAAAAAAAAAAAA==",   # ignored (GCS)
+                "crc32c": crc32c_b64(b"aabb")}
+        res = self.compose("d", ["a", "b"], dest).json()
+        self.assertComposite(res, b"aabb", 2)
+        self.assertEqual((res["contentType"], res["metadata"],
+                          res["contentEncoding"], res["cacheControl"],
+                          res["contentDisposition"], res["name"]),
+                         ("application/x-ckpt", {"step": "9"}, "identity",
+                          "no-store", "inline", "d"))
+        r = self.compose("e", ["a", "b"], {"crc32c": crc32c_b64(b"bbaa")})
+        self.assertGcsError(r, 400, contains="CRC32C")
+        for bad in ({"metadata": {"k": 1}}, [], "x"):
+            with self.subTest(bad=bad):
+                self.assertGcsError(self.compose("e", ["a"], bad), 400)
+        self.assertGcsError(self.compose("e", ["a"], {"acl": [{}]}), 400,
+                            contains="uniform bucket-level access")
+        self.assertGcsError(self.compose("e", ["a"],
+                                         destinationPredefinedAcl="private"),
+                            400, contains="uniform bucket-level access")
+        self.assertEqual(self.srv.objects(BUCKET, "e"), [])
+
+    def test_routes_and_bad_requests(self):
+        self.seed(a=b"a")
+        base = f"/storage/v1/b/{BUCKET}/o/d/compose"
+        self.assertGcsError(self.request("GET", base), 404)
+        self.assertGcsError(self.request("POST", base + "/x", b"{}"), 404)
+        self.assertGcsError(self.compose("d", ["a"], bucket="nobucket"), 404,
+                            contains="bucket does not exist")
+        self.assertGcsError(self.request("POST", base, b"{nope"), 400,
+                            "parseError")
+        self.assertGcsError(self.request("POST", base, b"[]"), 400)
+        self.assertGcsError(self.compose(".", ["a"]), 400)
+        self.assertEqual(self.srv.objects(BUCKET, "d"), [])
+        # deleteSourceObjects=true: the sources go once the compose landed.
+        self.seed(b=b"b")
+        r = self.compose("d", ["a", "b"], deleteSourceObjects="true")
+        self.assertComposite(r.json(), b"ab", 2)
+        self.assertEqual([o["name"] for o in self.srv.objects(BUCKET)], ["d"])
+
+    def test_copy_and_rewrite_of_a_composite_stay_composite(self):
+        self.seed(a=b"left", b=b"right")
+        self.compose("d", ["a", "b"])
+        path = f"/storage/v1/b/{BUCKET}/o/d"
+        for verb in ("copyTo", "rewriteTo"):
+            r = self.request("POST", f"{path}/{verb}/b/{BUCKET}/o/{verb}",
+                             b"", {"Content-Type": "application/json"})
+            res = r.json().get("resource", r.json())
+            self.assertComposite(res, b"leftright", 2)
+
+    def test_faults(self):
+        self.seed(a=b"A", b=b"B")
+        self.srv.fault("status", code=503, kind="compose", count=1)
+        self.assertGcsError(self.compose("d", ["a", "b"]), 503)
+        self.assertEqual(self.srv.objects(BUCKET, "d"), [])
+        # reset_after: the composite is written, the answer lost; the
+        # guarded retry learns it already happened.
+        self.srv.fault("reset_after", kind="compose", count=1)
+        self.assertReset(lambda: self.compose("d", ["a", "b"],
+                                              ifGenerationMatch=0))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "d"), b"AB")
+        self.assertGcsError(self.compose("d", ["a", "b"],
+                                         ifGenerationMatch=0), 412)
+        # object_prefix matches the destination or any source.
+        self.srv.fault("status", code=429, object_prefix="b", count=1)
+        self.assertGcsError(self.compose("x", ["a", "b"]), 429)
+        self.srv.fault("reset_before", kind="compose", object_prefix="y",
+                       count=1)
+        self.assertReset(lambda: self.compose("y", ["a"]))
+        self.assertEqual(self.srv.objects(BUCKET, "x"), [])
+        self.assertEqual(self.srv.objects(BUCKET, "y"), [])
+        log = [(e["object"], e.get("fault"), e.get("outcome"), e["status"])
+               for e in self.srv.log() if e["kind"] == "compose"]
+        self.assertEqual(log, [("d", "status", None, 503),
+                               ("d", "reset_after", "reset_after", None),
+                               ("d", None, None, 412),
+                               ("x", "status", None, 429),
+                               ("y", "reset_before", "reset_before", None)])
+        self.assertEqual(self.srv.hits("compose"), 5)
+        with self.assertRaises(FakeError):
+            self.srv.fault("status", kind="composer")
+
+
 # ---------------------------------------------------------------- auth
 class TestAuth(GcsTestCase):
     require_token = "s3cret"
@@ -1782,12 +2070,14 @@ class TestMemory(GcsTestCase):
         path = self.obj_path("a")
         for dst in ("b", "c"):
             self.request("POST", f"{path}/copyTo/b/{BUCKET}/o/{dst}", b"")
+        self.request("POST", f"/storage/v1/b/{BUCKET}/o/d/compose",
+                     b'{"sourceObjects":[{"name":"a"},{"name":"b"}]}')
         self.srv.wait_idle()
         self.assertEqual(self.srv.memory()["retained_bytes"], len(data))
-        for name in ("a", "b"):
+        for name in ("a", "b", "c"):
             self.request("DELETE", self.obj_path(name))
-        self.assertEqual(self.srv.get_object_bytes(BUCKET, "c"), data)
-        self.request("DELETE", self.obj_path("c"))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "d"), data + data)
+        self.request("DELETE", self.obj_path("d"))
         self.assertTrue(self.srv.wait_for_retained(0))
 
     def test_rewrite_tokens_keep_no_bytes(self):
@@ -1854,11 +2144,13 @@ class TestSink(GcsTestCase):
         self.assertIn("--sink", err["message"])
         with self.assertRaises(FakeError):
             self.srv.get_object_bytes(BUCKET, "m")
-        # Metadata, lists and copies work; the copies are sunk too.
+        # Metadata, lists, copies and composes work; the results are sunk.
         self.assertEqual(self.request("GET", self.obj_path("m")).json(), res)
-        out = self.request("POST", self.obj_path("m") + f"/copyTo/b/{BUCKET}"
-                                                        "/o/mn", b"").json()
-        self.assertEqual(out["crc32c"], crc32c_b64(b"sunk bytes"))
+        self.media("n", b"!")
+        out = self.request("POST", f"/storage/v1/b/{BUCKET}/o/mn/compose",
+                           b'{"sourceObjects":[{"name":"m"},{"name":"n"}]}'
+                           ).json()
+        self.assertEqual(out["crc32c"], crc32c_b64(b"sunk bytes!"))
         self.assertGcsError(self.request("GET", self.obj_path("mn")
                                          + "?alt=media"), 501)
         # Seeded objects keep their bytes.
