@@ -152,7 +152,9 @@ REWRITE_UNIT = 1 << 20         # maxBytesRewrittenPerCall: multiples of 1 MiB
 NOT_IMPLEMENTED_HINT = ("see the fake_gcs.py section of "
                         "tests/fakes/README.md")
 
-_CONTENT_RANGE = re.compile(r"bytes (?:(\*)|(\d+)-(\d+))/(\*|\d+)")
+# bytes */T (a query), bytes S-E/T, or bytes S-*/T: the end is wherever this
+# request's body ends (Google's Node client streams whole uploads so).
+_CONTENT_RANGE = re.compile(r"bytes (?:(\*)|(\d+)-(\d+|\*))/(\*|\d+)")
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
@@ -2019,6 +2021,7 @@ class FakeGcsServer:
         n = req.size
         have = s.persisted
         cr = req.headers.get("Content-Range")
+        open_end = False
         if cr is None:
             # No Content-Range: the body is the whole object.
             start, end, total = (0, n - 1, n) if n else (None, None, 0)
@@ -2028,8 +2031,16 @@ class FakeGcsServer:
                 raise GcsError(400, "Failed to parse Content-Range header.")
             star, a, z, t = m.groups()
             start = None if star else int(a)
-            end = None if star else int(z)
             total = None if t == "*" else int(t)
+            open_end = z == "*"
+            if open_end:
+                # bytes S-*/T: the body runs to its end; with T = * this
+                # request ends the object.
+                end = start + n - 1
+                if total is None:
+                    total = start + n
+            else:
+                end = None if star else int(z)
         if total is not None:
             if s.total is not None and total != s.total:
                 raise GcsError(400, f"The total size {total} does not match "
@@ -2047,7 +2058,7 @@ class FakeGcsServer:
             if total is not None:
                 s.total = total
             return self._incomplete(s, req)
-        if start > end:
+        if start > end and not (open_end and not n):
             raise GcsError(400, "Failed to parse Content-Range header.")
         if n != end - start + 1:
             raise GcsError(400, f"Content-Range {cr!r} does not match the "

@@ -10,7 +10,9 @@ No sleeps as synchronisation: tests wait on the fake's own counters
 (inflight/hits/objects/retained bytes), which change under the lock the data
 takes. TestRcloneInterop runs only when `rclone` is on PATH (Debian: rclone
 1.60); its `rclone mount` tests also need /dev/fuse and fusermount3 (Debian:
-fuse3).
+fuse3). TestGoogleCloudStorageNodeInterop runs Google's @google-cloud/storage
+for Node (tests/fakes/node/, installed by scripts/install-deps.sh with npm
+ci) and is skipped, saying why, without node or the module.
 """
 
 import base64
@@ -601,6 +603,33 @@ class TestResumableUpload(GcsTestCase):
                        chunked=True)
         self.assertEqual(r.status, 200)
         self.assertEqual(self.srv.get_object_bytes(BUCKET, "ch"), data)
+
+    def test_open_ended_content_ranges(self):
+        """bytes S-*/T: the chunk ends where its body ends (Google's Node
+        client streams a whole upload in one request as bytes 0-*/*, and
+        the rest after a resume as bytes S-*/*): with T = * the request
+        ends the object."""
+        data = pattern(3 * QUANTUM + 11, 6)
+        uri = self.start_resumable("one")
+        r = self.chunk(uri, data, "bytes 0-*/*", chunked=True)
+        self.assertEqual(r.status, 200, r.body)
+        self.assertEqual(r.json()["md5Hash"], md5_b64(data))
+        uri = self.start_resumable("two")
+        r = self.chunk(uri, data[:2 * QUANTUM], f"bytes 0-*/{len(data)}")
+        self.assertEqual(r.headers["range"], f"bytes=0-{2 * QUANTUM - 1}")
+        self.assertGcsError(self.chunk(uri, data[2 * QUANTUM:-1],
+                                       f"bytes {2 * QUANTUM}-*/{len(data)}"),
+                            400, contains="multiple of")
+        self.assertGcsError(self.chunk(uri, data[3 * QUANTUM:],
+                                       f"bytes {3 * QUANTUM}-*/*"), 400,
+                            contains="exceeds already uploaded size")
+        r = self.chunk(uri, data[QUANTUM:], f"bytes {QUANTUM}-*/*")
+        self.assertEqual(r.json()["crc32c"], crc32c_b64(data))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "two"), data)
+        uri = self.start_resumable("three")
+        self.chunk(uri, data[:QUANTUM], f"bytes 0-{QUANTUM - 1}/*")
+        r = self.chunk(uri, b"", f"bytes {QUANTUM}-*/*")   # nothing more
+        self.assertEqual(r.json()["size"], str(QUANTUM))
 
     def test_cancel(self):
         uri = self.start_resumable("c")
@@ -2275,6 +2304,84 @@ class TestScript(unittest.TestCase):
                            capture_output=True, text=True, timeout=20)
         self.assertEqual(p.returncode, 2)
         self.assertIn("invalid bucket name", p.stderr)
+
+
+# ---------------------------------------------------------------- node
+NODE_DIR = os.path.join(HERE, "node")
+GCS_CLIENT = os.path.join(NODE_DIR, "gcs_client.js")
+
+
+@unittest.skipUnless(shutil.which("node") and os.path.isdir(os.path.join(
+    NODE_DIR, "node_modules", "@google-cloud", "storage")),
+    "node or @google-cloud/storage is missing: run scripts/install-deps.sh "
+    "(npm ci in tests/fakes/node) - compose not checked against Google's "
+    "Node client")
+class TestGoogleCloudStorageNodeInterop(GcsTestCase):
+    """Google's @google-cloud/storage for Node against the fake: uploads of
+    three kinds, bucket.combine() (objects.compose), a download with the
+    library's own CRC32C validation, MD5 validation refused for a composite,
+    a range, a list (node/gcs_client.js)."""
+
+    def run_client(self, files):
+        tmp = tempfile.mkdtemp(prefix="fake-gcs-node-")
+        self.addCleanup(shutil.rmtree, tmp)
+        paths = []
+        for name, data in files:
+            paths.append(os.path.join(tmp, name))
+            with open(paths[-1], "wb") as f:
+                f.write(data)
+        out = os.path.join(tmp, "combined.out")
+        p = subprocess.run(["node", GCS_CLIENT, BUCKET, out, *paths],
+                           env=dict(os.environ,
+                                    STORAGE_EMULATOR_HOST=self.srv.base_url),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        result = json.loads(p.stdout.strip().splitlines()[-1])
+        self.assertNotIn("error", result, result)
+        with open(out, "rb") as f:
+            return result, f.read()
+
+    def test_combine_download_validate_list(self):
+        files = [("a.bin", pattern(100 * KIB + 1, 21)),
+                 ("b.bin", pattern(300 * KIB + 3, 22)),
+                 ("c.bin", pattern(700 * KIB + 5, 23))]
+        result, got = self.run_client(files)
+        data = b"".join(d for _, d in files)
+        # The library's uploads and its own upload validation passed (it
+        # turns size into a number after a resumable upload).
+        self.assertEqual([(u["name"], str(u["size"]), u["crc32c"],
+                           u["md5Hash"])
+                          for u in result["uploaded"]],
+                         [(f"parts/{n}", str(len(d)), crc32c_b64(d),
+                           md5_b64(d)) for n, d in files])
+        kinds = [e["kind"] for e in self.srv.log()]
+        self.assertEqual(kinds[:1], ["multipart"])
+        self.assertGreaterEqual(kinds.count("chunk"), 4)  # 700 KiB / 256 KiB
+        # bucket.combine() sent objects.compose, with the generations.
+        entry = [e for e in self.srv.log() if e["kind"] == "compose"][0]
+        self.assertEqual((entry["object"], entry["sources"], entry["status"]),
+                         ("combined.bin", [f"parts/{n}" for n, _ in files],
+                          200))
+        comb = result["combined"]
+        self.assertEqual((comb["name"], comb["size"], comb["crc32c"],
+                          comb["componentCount"], comb["contentType"]),
+                         ("combined.bin", str(len(data)), crc32c_b64(data),
+                          3, "application/x-checkpoint"))
+        self.assertNotIn("md5Hash", comb)
+        # Downloaded with CRC32C validation on: the bytes are the parts'.
+        self.assertEqual(got, data)
+        self.assertEqual(result["download"]["size"], len(data))
+        self.assertEqual(result["download"]["sha256"],
+                         hashlib.sha256(data).hexdigest())
+        # MD5 validation cannot be done on a composite object: the library
+        # finds no md5= in x-goog-hash and says so.
+        self.assertEqual(result["md5_download"]["code"], "MD5_NOT_AVAILABLE")
+        self.assertEqual(bytes.fromhex(result["range"]), data[10:20])
+        listed = {o["name"]: o for o in result["listed"]}
+        self.assertEqual(sorted(listed), ["combined.bin", "parts/a.bin",
+                                          "parts/b.bin", "parts/c.bin"])
+        self.assertEqual(listed["combined.bin"]["componentCount"], 3)
+        self.assertNotIn("componentCount", listed["parts/a.bin"])
 
 
 # ---------------------------------------------------------------- rclone
