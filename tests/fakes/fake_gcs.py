@@ -2341,12 +2341,13 @@ class FakeGcsServer:
         if obj.data is None:
             raise GcsError(501, _not_kept_message(obj))
         size = obj.size
-        # x-goog-hash is the whole object's, also for a range; composite
+        # x-goog-hash is the whole object's, also for a range, and comes as
+        # two lines, crc32c= then md5=, as Cloud Storage sends it; composite
         # objects have no MD5.
-        goog_hash = f"crc32c={obj.crc32c}" + (f",md5={obj.md5}"
-                                              if obj.md5 else "")
-        headers = [
-            ("X-Goog-Hash", goog_hash),
+        headers = [("X-Goog-Hash", f"crc32c={obj.crc32c}")]
+        if obj.md5 is not None:
+            headers.append(("X-Goog-Hash", f"md5={obj.md5}"))
+        headers += [
             ("X-Goog-Generation", str(obj.generation)),
             ("X-Goog-Metageneration", str(obj.metageneration)),
             ("X-Goog-Stored-Content-Length", str(size)),
