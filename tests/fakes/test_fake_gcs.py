@@ -914,8 +914,18 @@ class TestDownload(GcsTestCase):
                 self.assertEqual(r.headers["content-range"],
                                  f"bytes {first}-{last}/100000")
                 # x-goog-hash describes the whole object, not the range.
-                self.assertEqual(r.headers["x-goog-hash"].split(",")[0],
-                                 f"crc32c={crc32c_b64(self.data)}")
+                self.assertEqual([v for k, v in r.lines
+                                  if k == "x-goog-hash"],
+                                 [f"crc32c={crc32c_b64(self.data)}",
+                                  f"md5={md5_b64(self.data)}"])
+        # generation= with a range: the live one serves it, another is 404.
+        gen = self.obj["generation"]
+        r = self.request("GET", f"{self.path}&generation={gen}",
+                         headers={"Range": "bytes=5-9"})
+        self.assertEqual((r.status, r.body), (206, self.data[5:10]))
+        self.assertGcsError(self.request(
+            "GET", f"{self.path}&generation={int(gen) - 1}",
+            headers={"Range": "bytes=5-9"}), 404)
         r = self.request("GET", self.path, headers={"Range":
                                                     "bytes=100000-"})
         self.assertGcsError(r, 416)
