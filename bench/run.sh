@@ -41,4 +41,6 @@ echo "== idle cost (bench/idle.py)"
 python3 bench/idle.py
 echo; echo "== crc32c, one chain vs three (bench/crc32c_bench.cc)"; for mib in 1 256; do build-release/bench/crc32c_bench "$mib" 20; done
 echo; echo "== checkpoint sync vs rclone (bench/sync_vs_rclone.py)"; /usr/bin/python3 bench/sync_vs_rclone.py
+echo; echo "== big checkpoints vs rclone, tuned (bench/big_checkpoint.py; ~10 GiB of RAM and disk)"; /usr/bin/python3 bench/big_checkpoint.py --repeat 1
+/usr/bin/python3 bench/big_checkpoint.py --sink --only sink upload mixed --repeat 1 --no-tune
 echo; echo "== trainer output forwarding (bench/log_forwarding.py)"; /usr/bin/python3 bench/log_forwarding.py --spotvisor build-release/daemon/spotvisor --fake-trainer build-release/tests/fake_trainer
