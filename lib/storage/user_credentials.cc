@@ -164,25 +164,50 @@ SteadyTime RefreshAt(SteadyTime now, std::chrono::seconds expires) {
   return now + std::max(expires - std::chrono::seconds(300), expires / 2);
 }
 
+// Keeps the header a grant gave until it is near its expiry; the subclass
+// says how to get a grant.
+class CachedGrantTokens : public TokenProvider {
+ public:
+  explicit CachedGrantTokens(const Clock& clock) : clock_(clock) {}
+  using TokenProvider::AuthorizationHeader;
+  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) final {
+    std::lock_guard lk(mu_);
+    auto now = clock_.Now();
+    if (!header_.empty() && now < refresh_at_) return header_;
+    auto grant = Grant(ctx);
+    if (!grant.ok()) return grant.status();
+    header_ = grant->header;
+    refresh_at_ = RefreshAt(now, grant->expires_in);
+    return header_;
+  }
+
+ protected:
+  virtual StatusOr<TokenGrant> Grant(const CallContext& ctx) = 0;
+  const Clock& clock_;
+
+ private:
+  std::mutex mu_;
+  std::string header_;
+  SteadyTime refresh_at_{};
+};
+
 // gcloud auth application-default login: a refresh token exchanged for
 // access tokens at token_uri (RFC 6749 section 6).
-class AuthorizedUserTokens final : public TokenProvider {
+class AuthorizedUserTokens final : public CachedGrantTokens {
  public:
   AuthorizedUserTokens(std::string path, std::string client_id, std::string client_secret, std::string refresh_token,
                        std::string token_uri, const Clock& clock, std::unique_ptr<HttpClient> http)
-      : path_(std::move(path)),
+      : CachedGrantTokens(clock),
+        path_(std::move(path)),
         client_id_(std::move(client_id)),
         client_secret_(std::move(client_secret)),
         refresh_token_(std::move(refresh_token)),
         token_uri_(std::move(token_uri)),
-        clock_(clock),
         http_(std::move(http)) {}
-  using TokenProvider::AuthorizationHeader;
-  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override {
-    std::lock_guard lk(mu_);
-    auto now = clock_.Now();
-    if (!header_.empty() && now < refresh_at_) return header_;
-    auto grant = ExchangeAtTokenEndpoint(
+
+ private:
+  StatusOr<TokenGrant> Grant(const CallContext& ctx) override {
+    return ExchangeAtTokenEndpoint(
         *http_, token_uri_,
         "grant_type=refresh_token&client_id=" + UrlEncode(client_id_) + "&client_secret=" + UrlEncode(client_secret_) +
             "&refresh_token=" + UrlEncode(refresh_token_),
@@ -193,41 +218,30 @@ class AuthorizedUserTokens final : public TokenProvider {
           return PermissionDeniedError(fmt::format("{} refused the refresh token from {} (HTTP {}{}){}", token_uri_,
                                                    path_, status, error.empty() ? "" : ": " + error, hint));
         });
-    if (!grant.ok()) return grant.status();
-    header_ = grant->header;
-    refresh_at_ = RefreshAt(now, grant->expires_in);
-    return header_;
   }
 
- private:
   std::string path_, client_id_, client_secret_, refresh_token_, token_uri_;
-  const Clock& clock_;
   std::unique_ptr<HttpClient> http_;
-  std::mutex mu_;
-  std::string header_;
-  SteadyTime refresh_at_{};
 };
 
 // A service-account key: a JWT assertion, signed with the key and good for
 // an hour, exchanged at token_uri (RFC 7523; grant type jwt-bearer). The
 // audience is Google's token endpoint whatever token_uri says, as Google
 // documents it ("this value is always https://oauth2.googleapis.com/token").
-class ServiceAccountTokens final : public TokenProvider {
+class ServiceAccountTokens final : public CachedGrantTokens {
  public:
   ServiceAccountTokens(std::string path, std::string email, std::string key_id, std::unique_ptr<RsaSigningKey> key,
                        std::string token_uri, const Clock& clock, std::unique_ptr<HttpClient> http)
-      : path_(std::move(path)),
+      : CachedGrantTokens(clock),
+        path_(std::move(path)),
         email_(std::move(email)),
         key_id_(std::move(key_id)),
         key_(std::move(key)),
         token_uri_(std::move(token_uri)),
-        clock_(clock),
         http_(std::move(http)) {}
-  using TokenProvider::AuthorizationHeader;
-  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override {
-    std::lock_guard lk(mu_);
-    auto now = clock_.Now();
-    if (!header_.empty() && now < refresh_at_) return header_;
+
+ private:
+  StatusOr<TokenGrant> Grant(const CallContext& ctx) override {
     auto iat = std::chrono::duration_cast<std::chrono::seconds>(clock_.WallNow().time_since_epoch()).count();
     Json header = {{"alg", "RS256"}, {"typ", "JWT"}};
     if (!key_id_.empty()) header["kid"] = key_id_;
@@ -240,7 +254,7 @@ class ServiceAccountTokens final : public TokenProvider {
     auto jwt = MakeRs256Jwt(*key_, header.dump(-1, ' ', false, Json::error_handler_t::replace),
                             claims.dump(-1, ' ', false, Json::error_handler_t::replace));
     if (!jwt.ok()) return jwt.status();
-    auto grant = ExchangeAtTokenEndpoint(
+    return ExchangeAtTokenEndpoint(
         *http_, token_uri_, "grant_type=" + UrlEncode(kJwtBearerGrant) + "&assertion=" + UrlEncode(*jwt), ctx,
         [&](int status, const std::string& error, const std::string& description) {
           std::string hint;
@@ -253,24 +267,15 @@ class ServiceAccountTokens final : public TokenProvider {
                                                    error.empty() ? "" : ": " + error,
                                                    description.empty() ? "" : ": " + description, hint));
         });
-    if (!grant.ok()) return grant.status();
-    header_ = grant->header;
-    refresh_at_ = RefreshAt(now, grant->expires_in);
-    return header_;
   }
 
- private:
   static constexpr char kJwtBearerGrant[] = "urn:ietf:params:oauth:grant-type:jwt-bearer";
   // What the laptop commands do: list, read and (gc --delete) delete objects.
   static constexpr char kServiceAccountScope[] = "https://www.googleapis.com/auth/devstorage.read_write";
   std::string path_, email_, key_id_;
   std::unique_ptr<RsaSigningKey> key_;
   std::string token_uri_;
-  const Clock& clock_;
   std::unique_ptr<HttpClient> http_;
-  std::mutex mu_;
-  std::string header_;
-  SteadyTime refresh_at_{};
 };
 
 bool Exists(const std::string& path) {
