@@ -6,16 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/parallel_for.h"
 #include "common/strings.h"
 #include "output/utf8.h"
 #include "retry/retry_loop.h"
@@ -209,21 +208,6 @@ class Slot {
   TransferSlots& slots_;
   Status status_;
 };
-
-// Runs fn(i) for i in [0, n) on `threads` threads (this one included);
-// every item runs, errors are fn's to keep.
-template <typename Fn>
-void RunOnThreads(std::size_t n, int threads, Fn fn) {
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i; (i = next++) < n;) fn(i);
-  };
-  std::vector<std::thread> pool;
-  int count = static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, threads))));
-  for (int t = 1; t < count; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-}
 
 class GcsObjectStore final : public ObjectStore {
  public:
@@ -707,27 +691,21 @@ class GcsObjectStore final : public ObjectStore {
     const std::uint64_t part = PartBytes(size);
     const std::size_t n = PartCount(size);
     std::vector<StatusOr<ObjectInfo>> parts(n, StatusOr<ObjectInfo>(CancelledError("not started")));
-    std::atomic<bool> failed{false};
-    RunOnThreads(n, slots_.Capacity(ctx), [&](std::size_t i) {
-      if (failed.load()) return;
+    auto uploaded = ParallelFor(n, slots_.Capacity(ctx), [&](std::size_t i) -> Status {
       Slot slot(slots_, ctx);
-      if (!slot.status().ok()) {
-        parts[i] = slot.status();
-        failed = true;
-        return;
-      }
+      if (!slot.status().ok()) return slot.status();
       std::uint64_t off = i * part;
       parts[i] = UploadRange(PartName(name, i), path, off, static_cast<std::size_t>(std::min(part, size - off)), {},
                              /*describe=*/false, ctx);
-      if (!parts[i].ok()) failed = true;
+      return parts[i].status();
     });
     auto cleanup = [&] { DeleteParts(name, parts, ctx); };
+    if (!uploaded.ok()) {
+      cleanup();
+      return uploaded;
+    }
     std::uint32_t crc = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      if (!parts[i].ok()) {
-        cleanup();
-        return parts[i].status();
-      }
       crc = i == 0 ? parts[i]->crc32c : Crc32cCombine(crc, parts[i]->crc32c, parts[i]->size);
     }
     struct stat st {};
@@ -757,10 +735,11 @@ class GcsObjectStore final : public ObjectStore {
 
   // Best effort, in parallel: a part left behind costs storage, not safety.
   void DeleteParts(const std::string& name, const std::vector<StatusOr<ObjectInfo>>& parts, const CallContext& ctx) {
-    RunOnThreads(parts.size(), slots_.Capacity(ctx), [&](std::size_t i) {
-      if (!parts[i].ok()) return;
-      auto r = Perform(Request("DELETE", ObjectUrl(PartName(name, i)) + Query(Precondition{parts[i]->generation}, '?')), ctx);
-      (void)r;
+    ParallelFor(parts.size(), slots_.Capacity(ctx), [&](std::size_t i) -> Status {
+      if (parts[i].ok()) {
+        (void)Perform(Request("DELETE", ObjectUrl(PartName(name, i)) + Query(Precondition{parts[i]->generation}, '?')), ctx);
+      }
+      return OkStatus();
     });
   }
 
@@ -781,7 +760,6 @@ class GcsObjectStore final : public ObjectStore {
     struct Range {
       std::uint32_t crc = 0;
       std::uint64_t got = 0;
-      Status status = CancelledError("not started");
     };
     std::vector<Range> ranges(n);
     std::mutex mu;
@@ -838,26 +816,17 @@ class GcsObjectStore final : public ObjectStore {
         std::lock_guard lk(mu);
         if (generation == 0) generation = HeaderGeneration(*resp);
         if (server) whole_crc = *server;
-        ranges[i] = Range{r.crc, r.got, OkStatus()};
+        ranges[i] = r;
         return OkStatus();
       });
     };
     // The first range alone, to pin the generation; then the rest at once.
-    ranges[0].status = fetch(0);
-    if (!ranges[0].status.ok()) return ranges[0].status;
-    std::atomic<bool> failed{false};
-    RunOnThreads(n - 1, slots_.Capacity(ctx), [&](std::size_t k) {
-      if (failed.load()) return;
-      auto st = fetch(k + 1);
-      if (!st.ok()) {
-        std::lock_guard lk(mu);
-        ranges[k + 1].status = st;
-        failed = true;
-      }
-    });
+    if (auto st = fetch(0); !st.ok()) return st;
+    if (auto st = ParallelFor(n - 1, slots_.Capacity(ctx), [&](std::size_t k) { return fetch(k + 1); }); !st.ok()) {
+      return st;
+    }
     std::uint32_t crc = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      if (!ranges[i].status.ok()) return ranges[i].status;
       crc = i == 0 ? ranges[i].crc : Crc32cCombine(crc, ranges[i].crc, ranges[i].got);
     }
     if (whole_crc && *whole_crc != crc) {

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "common/parallel_for.h"
 #include "common/random.h"
 #include "common/strings.h"
 #include "log/logger.h"
@@ -168,34 +169,6 @@ bool Unchanged(const std::string& root, const Scan& scan) {
     if (!now || *now != e.st) return false;
   }
   return true;
-}
-
-// Runs fn(i) for i in [0, n) on up to `parallelism` threads; returns the
-// first error (the others still finish their current item).
-template <typename Fn>
-Status ParallelFor(std::size_t n, int parallelism, Fn fn) {
-  std::atomic<std::size_t> next{0};
-  std::mutex mu;
-  Status first;
-  auto work = [&] {
-    for (std::size_t i; (i = next++) < n;) {
-      {
-        std::lock_guard lk(mu);
-        if (!first.ok()) return;
-      }
-      Status s = fn(i);
-      if (!s.ok()) {
-        std::lock_guard lk(mu);
-        if (first.ok()) first = s;
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  int count = static_cast<int>(std::min<std::size_t>(n, static_cast<std::size_t>(std::max(1, parallelism))));
-  for (int t = 1; t < count; ++t) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
-  return first;
 }
 
 // Counts the bytes a transfer's store calls confirm (CallContext::on_bytes)
