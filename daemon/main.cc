@@ -155,10 +155,12 @@ const std::map<std::string, std::string> kHelp = {
      "                      gs://BUCKET[/PREFIX]/RUN_ID [DIR]\n"
      "\n"
      "Downloads the run's newest committed checkpoint into DIR (default ./RUN_ID) under the\n"
-     "trainer's own file names: in parallel, each file checked against the manifest's crc32c;\n"
-     "files already there with the right size and crc32c are kept, so an interrupted pull goes\n"
-     "on where it stopped. --sequence N: only that commit (the bucket keeps a run's newest commit\n"
-     "only; an older one is an error saying so). Only reads the bucket. Credentials as for\n"
+     "trainer's own file names: in parallel (files of 64 MiB and up as byte ranges at once),\n"
+     "each file checked against the manifest's crc32c; a pull longer than 5 s says how far it\n"
+     "is on stderr every 5 s. Files already there with the right size and\n"
+     "crc32c are kept, so an interrupted pull goes on where it stopped. --sequence N: only that\n"
+     "commit (the bucket keeps a run's newest commit only; an older one is an error saying so).\n"
+     "Only reads the bucket. Credentials as for\n"
      "`spotvisor runs`. Exit status: 0 pulled, 1 failed (files pulled so far stay), 64 usage.\n"},
     {"gc",
      "Usage: spotvisor gc [--keep N] [--older-than DURATION] [--delete] [--access-token-command CMD]\n"
