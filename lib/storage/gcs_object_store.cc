@@ -20,6 +20,7 @@
 #include "retry/retry_loop.h"
 #include "storage/crc32c.h"
 #include "storage/range_header.h"
+#include "storage/transfer.h"
 
 namespace spotvisor {
 namespace {
@@ -106,118 +107,12 @@ std::int64_t HeaderGeneration(const HttpResponse& r) {
   return v && *v <= static_cast<std::uint64_t>(INT64_MAX) ? static_cast<std::int64_t>(*v) : 0;
 }
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-// Reads up to `max` bytes at `offset` into `buf` (resized to what was read).
-// `buf` is reused from chunk to chunk: growing it zero-fills only the first
-// time, so a 16 MiB chunk is not memset again for every chunk.
-Status ReadAt(int fd, std::uint64_t offset, std::size_t max, std::string& buf) {
-  if (buf.size() < max) buf.resize(max);
-  std::size_t got = 0;
-  while (got < max) {
-    ssize_t n = pread(fd, buf.data() + got, max - got, static_cast<off_t>(offset + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, "reading");
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  buf.resize(got);
-  return OkStatus();
-}
-
-// Writes all of `data` at `offset`. A local write error (a full disk) is
-// the user's to fix, not the network's: kFailedPrecondition, never retried.
-Status WriteAt(int fd, std::uint64_t offset, std::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    ssize_t n = pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      auto e = ErrnoToStatus(errno, "writing " + path);
-      return e.code() == StatusCode::kInternal ? FailedPreconditionError(e.message()) : e;
-    }
-    data.remove_prefix(static_cast<std::size_t>(n));
-    offset += static_cast<std::uint64_t>(n);
-  }
-  return OkStatus();
-}
-
-// At most `normal` transfers (whole uploads and downloads, parts and ranges)
-// at once in the whole store; an urgent context (the final sync inside a
-// Spot window) may run up to `urgent`. Waiting for a slot honours the
-// context's deadline and cancellation.
-class TransferSlots {
- public:
-  TransferSlots(int normal, int urgent) : normal_(std::max(1, normal)), urgent_(std::max(normal_, urgent)) {}
-  int Capacity(const CallContext& ctx) const { return ctx.urgent ? urgent_ : normal_; }
-  Status Acquire(const CallContext& ctx) {
-    std::uint64_t sub = 0;
-    if (ctx.cancel) {
-      sub = ctx.cancel->Subscribe([this] {
-        std::lock_guard lk(mu_);
-        cv_.notify_all();
-      });
-    }
-    Status result;
-    {
-      std::unique_lock lk(mu_);
-      int cap = Capacity(ctx);
-      while (in_use_ >= cap) {
-        if (auto c = ctx.Check("waiting for a transfer slot"); !c.ok()) {
-          result = c;
-          break;
-        }
-        cv_.wait_for(lk, ctx.deadline ? std::max(ctx.Remaining(std::chrono::seconds(1)), std::chrono::milliseconds(1))
-                                      : std::chrono::milliseconds(1000));
-      }
-      if (result.ok()) ++in_use_;
-    }
-    if (ctx.cancel) ctx.cancel->Unsubscribe(sub);
-    return result;
-  }
-  void Release() {
-    {
-      std::lock_guard lk(mu_);
-      --in_use_;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  const int normal_, urgent_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int in_use_ = 0;
-};
-
-class Slot {
- public:
-  Slot(TransferSlots& slots, const CallContext& ctx) : slots_(slots), status_(slots.Acquire(ctx)) {}
-  ~Slot() {
-    if (status_.ok()) slots_.Release();
-  }
-  Slot(const Slot&) = delete;
-  Slot& operator=(const Slot&) = delete;
-  const Status& status() const { return status_; }
-
- private:
-  TransferSlots& slots_;
-  Status status_;
-};
-
 class GcsObjectStore final : public ObjectStore {
  public:
   GcsObjectStore(GcsOptions o, std::unique_ptr<TokenProvider> tokens)
-      : o_(std::move(o)), tokens_(std::move(tokens)), slots_(o_.streams, o_.urgent_streams) {
-    if (!o_.make_retry) o_.make_retry = [] { return std::make_unique<LimitedErrorCountRetryPolicy>(6); };
-    if (!o_.make_backoff) {
-      o_.make_backoff = [] { return std::make_unique<ExponentialBackoffPolicy>(std::chrono::seconds(1), std::chrono::seconds(32), 2.0); };
-    }
-    if (!o_.sleeper) o_.sleeper = &default_sleeper_;
+      : o_(std::move(o)), tokens_(std::move(tokens)), slots_(o_.streams, o_.urgent_streams), http_(o_.make_http) {
+    retry_ = StoreRetry{o_.make_retry, o_.make_backoff, o_.sleeper};
+    retry_.Defaults(&default_sleeper_);
     o_.chunk_bytes = std::max(kQuantum, o_.chunk_bytes / kQuantum * kQuantum);
     o_.part_min_bytes = std::max(kQuantum, o_.part_min_bytes / kQuantum * kQuantum);
   }
@@ -351,11 +246,6 @@ class GcsObjectStore final : public ObjectStore {
   }
 
  private:
-  // Google's retry strategy, bounded by the context: every wait ends at the
-  // deadline or on cancellation, and an urgent context (the final sync in a
-  // Spot window) retries quickly until its deadline instead of backing off
-  // to 32 s.
-  //
   // Writing an object is safe to repeat for every object spotvisor writes:
   // with a precondition (manifest.json) a replay meets 412, which the sync
   // engine reconciles by commit id; without one the name is written once
@@ -364,46 +254,8 @@ class GcsObjectStore final : public ObjectStore {
   static constexpr Idempotency kWrite = Idempotency::kIdempotent;
   template <typename Fn>
   auto Retry(const CallContext& ctx, Idempotency idempotency, Fn&& fn) -> decltype(fn()) {
-    using Result = decltype(fn());
-    if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
-    std::unique_ptr<RetryPolicy> retry;
-    std::unique_ptr<BackoffPolicy> backoff;
-    if (ctx.urgent && ctx.deadline) {
-      retry = std::make_unique<RetryForeverPolicy>();
-      backoff = std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(100), std::chrono::seconds(1), 2.0);
-    } else {
-      retry = o_.make_retry();
-      backoff = o_.make_backoff();
-    }
-    ContextSleeper sleeper(ctx, o_.sleeper);
-    auto result = RetryLoop(*retry, *backoff, idempotency, sleeper, [&]() -> Result {
-      if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
-      return fn();
-    });
-    // A wait cut short by the deadline reads better as what it is.
-    Status st = internal::StatusOf(result);
-    if (st.code() == StatusCode::kCancelled && !ctx.cancelled() && ctx.deadline) {
-      return Result(DeadlineExceededError("out of time after: " + st.message()));
-    }
-    return result;
+    return retry_.Run(ctx, idempotency, std::forward<Fn>(fn));
   }
-
-  // Backoff waits: the injected sleeper (tests) for the delay, cut short by
-  // the context's cancellation and never running past its deadline.
-  class ContextSleeper final : public Sleeper {
-   public:
-    ContextSleeper(const CallContext& ctx, Sleeper* inner) : ctx_(ctx), inner_(inner) {}
-    bool SleepFor(std::chrono::milliseconds d) override {
-      if (ctx_.cancelled()) return false;
-      if (ctx_.deadline && ctx_.Remaining(d) < d) return false;  // the next attempt would start too late
-      if (inner_) return inner_->SleepFor(d) && !ctx_.cancelled();
-      return ctx_.SleepFor(d);
-    }
-
-   private:
-    const CallContext& ctx_;
-    Sleeper* inner_;
-  };
 
   std::string FullName(const std::string& name) const { return o_.prefix.empty() ? name : o_.prefix + "/" + name; }
   std::string BucketUrl() const { return o_.prefix.empty() ? "gs://" + o_.bucket : fmt::format("gs://{}/{}", o_.bucket, o_.prefix); }
@@ -432,34 +284,7 @@ class GcsObjectStore final : public ObjectStore {
     auto auth = tokens_->AuthorizationHeader(ctx);
     if (!auth.ok()) return auth.status();
     if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
-    if (ctx.deadline) {
-      auto left = ctx.Remaining(req.timeout);
-      if (left.count() <= 0) return DeadlineExceededError(req.url + ": out of time");
-      req.timeout = left;
-      req.connect_timeout = std::min(req.connect_timeout, left);
-    }
-    auto http = AcquireHttp();
-    std::shared_ptr<HttpClient> shared(std::move(http));
-    std::uint64_t sub = 0;
-    if (ctx.cancel) sub = ctx.cancel->Subscribe([shared] { shared->Cancel(); });
-    auto r = shared->Perform(req);
-    if (ctx.cancel) ctx.cancel->Unsubscribe(sub);
-    // A cancelled handle stays cancelled: it is not given back to the pool.
-    if (!ctx.cancelled()) ReleaseHttp(shared);
-    return r;
-  }
-
-  // One curl handle per concurrent request, reused so connections are kept alive.
-  std::shared_ptr<HttpClient> AcquireHttp() {
-    std::lock_guard lk(pool_mu_);
-    if (pool_.empty()) return o_.make_http();
-    auto h = std::move(pool_.back());
-    pool_.pop_back();
-    return h;
-  }
-  void ReleaseHttp(std::shared_ptr<HttpClient> h) {
-    std::lock_guard lk(pool_mu_);
-    pool_.push_back(std::move(h));
+    return http_.Send(req, ctx);
   }
 
   // The crc32c in x-goog-hash ("crc32c=...", with "md5=..." in the same
@@ -749,12 +574,9 @@ class GcsObjectStore final : public ObjectStore {
   // pins the generation, so every range reads the same object.
   StatusOr<ObjectInfo> RangedDownload(const std::string& name, const std::string& path, std::uint64_t size,
                                       const CallContext& ctx) {
-    Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
-    if (int e = posix_fallocate(f.fd, 0, static_cast<off_t>(size)); e != 0 && e != EOPNOTSUPP && e != EINVAL) {
-      auto st = ErrnoToStatus(e, "allocating " + std::to_string(size) + " bytes for " + path);
-      return st.code() == StatusCode::kInternal ? FailedPreconditionError(st.message()) : st;
-    }
+    auto created = CreateForRanges(path, size);
+    if (!created.ok()) return created.status();
+    Fd f{*created};
     const std::uint64_t part = PartBytes(size);
     const std::size_t n = PartCount(size);
     struct Range {
@@ -837,13 +659,6 @@ class GcsObjectStore final : public ObjectStore {
     return ObjectInfo{name, generation, size, crc};
   }
 
-  // "bytes FIRST-LAST/TOTAL" -> TOTAL.
-  static std::optional<std::uint64_t> ParseContentRangeTotal(const std::string& h) {
-    auto slash = h.rfind('/');
-    if (slash == std::string::npos || h.rfind("bytes ", 0) != 0) return std::nullopt;
-    return ParseUint64(Trim(std::string_view(h).substr(slash + 1)));
-  }
-
   // "Range: bytes=0-N": N+1 bytes persisted; no Range: none. A malformed
   // header, or one beyond the file, is an error (the session is asked again).
   static StatusOr<std::size_t> PersistedBytes(const HttpResponse& r, std::size_t size) {
@@ -858,9 +673,9 @@ class GcsObjectStore final : public ObjectStore {
   GcsOptions o_;
   std::unique_ptr<TokenProvider> tokens_;
   TransferSlots slots_;
+  HttpPool http_;
   CancellableSleeper default_sleeper_;
-  std::mutex pool_mu_;
-  std::vector<std::shared_ptr<HttpClient>> pool_;
+  StoreRetry retry_;
 };
 
 }  // namespace

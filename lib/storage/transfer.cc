@@ -1,0 +1,142 @@
+#include "storage/transfer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/strings.h"
+
+namespace spotvisor {
+
+Fd::~Fd() {
+  if (fd >= 0) close(fd);
+}
+
+Status ReadAt(int fd, std::uint64_t offset, std::size_t max, std::string& buf) {
+  if (buf.size() < max) buf.resize(max);
+  std::size_t got = 0;
+  while (got < max) {
+    ssize_t n = pread(fd, buf.data() + got, max - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "reading");
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  buf.resize(got);
+  return OkStatus();
+}
+
+Status WriteAt(int fd, std::uint64_t offset, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      auto e = ErrnoToStatus(errno, "writing " + path);
+      return e.code() == StatusCode::kInternal ? FailedPreconditionError(e.message()) : e;
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return OkStatus();
+}
+
+StatusOr<int> CreateForRanges(const std::string& path, std::uint64_t size) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, "creating " + path);
+  if (int e = posix_fallocate(fd, 0, static_cast<off_t>(size)); e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+    close(fd);
+    auto st = ErrnoToStatus(e, "allocating " + std::to_string(size) + " bytes for " + path);
+    return st.code() == StatusCode::kInternal ? FailedPreconditionError(st.message()) : st;
+  }
+  return fd;
+}
+
+std::optional<std::uint64_t> ParseContentRangeTotal(const std::string& h) {
+  auto slash = h.rfind('/');
+  if (slash == std::string::npos || h.rfind("bytes ", 0) != 0) return std::nullopt;
+  return ParseUint64(Trim(std::string_view(h).substr(slash + 1)));
+}
+
+TransferSlots::TransferSlots(int normal, int urgent) : normal_(std::max(1, normal)), urgent_(std::max(normal_, urgent)) {}
+
+Status TransferSlots::Acquire(const CallContext& ctx) {
+  std::uint64_t sub = 0;
+  if (ctx.cancel) {
+    sub = ctx.cancel->Subscribe([this] {
+      std::lock_guard lk(mu_);
+      cv_.notify_all();
+    });
+  }
+  Status result;
+  {
+    std::unique_lock lk(mu_);
+    int cap = Capacity(ctx);
+    while (in_use_ >= cap) {
+      if (auto c = ctx.Check("waiting for a transfer slot"); !c.ok()) {
+        result = c;
+        break;
+      }
+      cv_.wait_for(lk, ctx.deadline ? std::max(ctx.Remaining(std::chrono::seconds(1)), std::chrono::milliseconds(1))
+                                    : std::chrono::milliseconds(1000));
+    }
+    if (result.ok()) ++in_use_;
+  }
+  if (ctx.cancel) ctx.cancel->Unsubscribe(sub);
+  return result;
+}
+
+void TransferSlots::Release() {
+  {
+    std::lock_guard lk(mu_);
+    --in_use_;
+  }
+  cv_.notify_all();
+}
+
+StatusOr<HttpResponse> HttpPool::Send(HttpRequest& req, const CallContext& ctx) {
+  if (auto s = ctx.Check(req.method + " " + req.url); !s.ok()) return s;
+  if (ctx.deadline) {
+    auto left = ctx.Remaining(req.timeout);
+    if (left.count() <= 0) return DeadlineExceededError(req.url + ": out of time");
+    req.timeout = left;
+    req.connect_timeout = std::min(req.connect_timeout, left);
+  }
+  std::shared_ptr<HttpClient> shared;
+  {
+    std::lock_guard lk(mu_);
+    if (!pool_.empty()) {
+      shared = std::move(pool_.back());
+      pool_.pop_back();
+    }
+  }
+  if (!shared) shared = make_();
+  std::uint64_t sub = 0;
+  if (ctx.cancel) sub = ctx.cancel->Subscribe([shared] { shared->Cancel(); });
+  auto r = shared->Perform(req);
+  if (ctx.cancel) ctx.cancel->Unsubscribe(sub);
+  // A cancelled handle stays cancelled: it is not given back to the pool.
+  if (!ctx.cancelled()) {
+    std::lock_guard lk(mu_);
+    pool_.push_back(std::move(shared));
+  }
+  return r;
+}
+
+bool ContextSleeper::SleepFor(std::chrono::milliseconds d) {
+  if (ctx_.cancelled()) return false;
+  if (ctx_.deadline && ctx_.Remaining(d) < d) return false;  // the next attempt would start too late
+  if (inner_) return inner_->SleepFor(d) && !ctx_.cancelled();
+  return ctx_.SleepFor(d);
+}
+
+void StoreRetry::Defaults(Sleeper* fallback) {
+  if (!make_retry) make_retry = [] { return std::make_unique<LimitedErrorCountRetryPolicy>(6); };
+  if (!make_backoff) {
+    make_backoff = [] { return std::make_unique<ExponentialBackoffPolicy>(std::chrono::seconds(1), std::chrono::seconds(32), 2.0); };
+  }
+  if (!sleeper) sleeper = fallback;
+}
+
+}  // namespace spotvisor

@@ -1,0 +1,149 @@
+// What the HTTP object stores (Cloud Storage, S3) share: the file I/O of
+// parts and ranges, the store-wide transfer slots, a pool of HTTP handles
+// whose requests honour a CallContext, and the retry loop bounded by it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/cancel.h"
+#include "common/status.h"
+#include "http/http_client.h"
+#include "retry/backoff_policy.h"
+#include "retry/retry_loop.h"
+#include "retry/retry_policy.h"
+#include "retry/sleeper.h"
+
+namespace spotvisor {
+
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+};
+
+// Reads up to `max` bytes at `offset` into `buf` (resized to what was read).
+// `buf` is reused from chunk to chunk: growing it zero-fills only the first
+// time, so a 16 MiB chunk is not memset again for every chunk.
+Status ReadAt(int fd, std::uint64_t offset, std::size_t max, std::string& buf);
+
+// Writes all of `data` at `offset`. A local write error (a full disk) is
+// the user's to fix, not the network's: kFailedPrecondition, never retried.
+Status WriteAt(int fd, std::uint64_t offset, std::string_view data, const std::string& path);
+
+// Creates `path` and reserves `size` bytes for a download written in place
+// (ranges in parallel). A full disk is kFailedPrecondition.
+StatusOr<int> CreateForRanges(const std::string& path, std::uint64_t size);
+
+// "bytes FIRST-LAST/TOTAL" -> TOTAL.
+std::optional<std::uint64_t> ParseContentRangeTotal(const std::string& h);
+
+// At most `normal` transfers (whole uploads and downloads, parts and ranges)
+// at once in the whole store; an urgent context (the final sync inside a
+// Spot window) may run up to `urgent`. Waiting for a slot honours the
+// context's deadline and cancellation.
+class TransferSlots {
+ public:
+  TransferSlots(int normal, int urgent);
+  int Capacity(const CallContext& ctx) const { return ctx.urgent ? urgent_ : normal_; }
+  Status Acquire(const CallContext& ctx);
+  void Release();
+
+ private:
+  const int normal_, urgent_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int in_use_ = 0;
+};
+
+class Slot {
+ public:
+  Slot(TransferSlots& slots, const CallContext& ctx) : slots_(slots), status_(slots.Acquire(ctx)) {}
+  ~Slot() {
+    if (status_.ok()) slots_.Release();
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  TransferSlots& slots_;
+  Status status_;
+};
+
+// One HTTP handle per concurrent request, reused so connections are kept
+// alive. Send clamps the request's timeout to what the context has left and
+// cuts it short at once if the context is cancelled meanwhile.
+class HttpPool {
+ public:
+  explicit HttpPool(std::function<std::unique_ptr<HttpClient>()> make) : make_(std::move(make)) {}
+  StatusOr<HttpResponse> Send(HttpRequest& req, const CallContext& ctx);
+
+ private:
+  std::function<std::unique_ptr<HttpClient>()> make_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<HttpClient>> pool_;
+};
+
+// Backoff waits: the injected sleeper (tests) for the delay, cut short by
+// the context's cancellation and never running past its deadline.
+class ContextSleeper final : public Sleeper {
+ public:
+  ContextSleeper(const CallContext& ctx, Sleeper* inner) : ctx_(ctx), inner_(inner) {}
+  bool SleepFor(std::chrono::milliseconds d) override;
+
+ private:
+  const CallContext& ctx_;
+  Sleeper* inner_;
+};
+
+// Google's and AWS's retry strategy, bounded by the context: every wait ends
+// at the deadline or on cancellation, and an urgent context (the final sync
+// in a Spot window) retries quickly until its deadline instead of backing
+// off to 32 s.
+struct StoreRetry {
+  std::function<std::unique_ptr<RetryPolicy>()> make_retry;
+  std::function<std::unique_ptr<BackoffPolicy>()> make_backoff;
+  Sleeper* sleeper = nullptr;
+
+  // Fills in Google's defaults (6 errors, 1 s .. 32 s) where unset.
+  void Defaults(Sleeper* fallback);
+
+  template <typename Fn>
+  auto Run(const CallContext& ctx, Idempotency idempotency, Fn&& fn) const -> decltype(fn()) {
+    using Result = decltype(fn());
+    if (auto s = ctx.Check("request"); !s.ok()) return Result(s);
+    std::unique_ptr<RetryPolicy> retry;
+    std::unique_ptr<BackoffPolicy> backoff;
+    if (ctx.urgent && ctx.deadline) {
+      retry = std::make_unique<RetryForeverPolicy>();
+      backoff = std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(100), std::chrono::seconds(1), 2.0);
+    } else {
+      retry = make_retry();
+      backoff = make_backoff();
+    }
+    ContextSleeper s(ctx, sleeper);
+    auto result = RetryLoop(*retry, *backoff, idempotency, s, [&]() -> Result {
+      if (auto c = ctx.Check("request"); !c.ok()) return Result(c);
+      return fn();
+    });
+    // A wait cut short by the deadline reads better as what it is.
+    Status st = internal::StatusOf(result);
+    if (st.code() == StatusCode::kCancelled && !ctx.cancelled() && ctx.deadline) {
+      return Result(DeadlineExceededError("out of time after: " + st.message()));
+    }
+    return result;
+  }
+};
+
+}  // namespace spotvisor
