@@ -47,11 +47,12 @@ const char* const kUsage =
     "                                        end an on-failure-hold now\n"
     "  spotvisor checkpoint --done [--dir DIR]\n"
     "                                        (from the trainer) the checkpoint is complete\n"
-    "  spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL] gs://BUCKET/PREFIX\n"
+    "  spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL]\n"
+    "                 gs|s3://BUCKET/PREFIX\n"
     "                                        (on a laptop) list the runs under a prefix\n"
-    "  spotvisor pull [--sequence N] [--access-token-command CMD] gs://BUCKET/PREFIX/RUN_ID [DIR]\n"
+    "  spotvisor pull [--sequence N] [--access-token-command CMD] gs|s3://BUCKET/PREFIX/RUN_ID [DIR]\n"
     "                                        (on a laptop) download a run's newest checkpoint\n"
-    "  spotvisor gc (--keep N | --older-than DURATION) [--delete] gs://BUCKET/PREFIX\n"
+    "  spotvisor gc (--keep N | --older-than DURATION) [--delete] gs|s3://BUCKET/PREFIX\n"
     "                                        (on a laptop) remove old runs (a dry run by default)\n"
     "  spotvisor version\n"
     "\n"
@@ -137,7 +138,8 @@ const std::map<std::string, std::string> kHelp = {
      "for the tick itself).\n"
      "Exit status: 0 marked, 1 the marker could not be written, 64 usage.\n"},
     {"runs",
-     "Usage: spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL] gs://BUCKET[/PREFIX]\n"
+     "Usage: spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL]\n"
+     "                      gs://BUCKET[/PREFIX] | s3://BUCKET[/PREFIX]\n"
      "\n"
      "Lists the runs under the prefix (the value of `bucket` the VMs used): run id, state (done,\n"
      "running, or how it ended: preempted, failed, stopped, max-runtime, ...; unknown for runs\n"
@@ -148,11 +150,14 @@ const std::map<std::string, std::string> kHelp = {
      "application_default_credentials.json: a user login or a service-account key), else the metadata\n"
      "server on a VM. --storage-endpoint URL: a private Cloud Storage endpoint (the config key\n"
      "storage-endpoint); STORAGE_EMULATOR_HOST wins over it and turns authentication off.\n"
-     "Tokens are never printed.\n"
+     "s3://: credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), else\n"
+     "an EC2 instance role; the region from AWS_REGION or AWS_DEFAULT_REGION (else us-east-1; a\n"
+     "bucket elsewhere is followed); AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL for an S3-compatible\n"
+     "store (path-style). Tokens and keys are never printed.\n"
      "Exit status: 0 listed, 1 the bucket could not be read, 64 usage.\n"},
     {"pull",
      "Usage: spotvisor pull [--sequence N] [--access-token-command CMD] [--storage-endpoint URL]\n"
-     "                      gs://BUCKET[/PREFIX]/RUN_ID [DIR]\n"
+     "                      gs://BUCKET[/PREFIX]/RUN_ID | s3://BUCKET[/PREFIX]/RUN_ID [DIR]\n"
      "\n"
      "Downloads the run's newest committed checkpoint into DIR (default ./RUN_ID) under the\n"
      "trainer's own file names: in parallel (files of 64 MiB and up as byte ranges at once),\n"
@@ -164,7 +169,7 @@ const std::map<std::string, std::string> kHelp = {
      "`spotvisor runs`. Exit status: 0 pulled, 1 failed (files pulled so far stay), 64 usage.\n"},
     {"gc",
      "Usage: spotvisor gc [--keep N] [--older-than DURATION] [--delete] [--access-token-command CMD]\n"
-     "                    [--storage-endpoint URL] gs://BUCKET[/PREFIX]\n"
+     "                    [--storage-endpoint URL] gs://BUCKET[/PREFIX] | s3://BUCKET[/PREFIX]\n"
      "\n"
      "Removes old runs under the prefix: those beyond the N most recent (--keep) and/or whose\n"
      "last commit or status is older than DURATION (--older-than 30d); with both, a run must be\n"
@@ -172,7 +177,8 @@ const std::map<std::string, std::string> kHelp = {
      "removed only by --keep. Without --delete it only says what it would delete (a dry run).\n"
      "With --delete each run's manifest goes first, then its other objects (each deleted only if\n"
      "unchanged since listed). Credentials as for `spotvisor runs` (deleting needs\n"
-     "storage.objects.delete). Exit status: 0 listed or deleted, 1 a failure, 64 usage.\n"},
+     "storage.objects.delete, or s3:DeleteObject).\n"
+     "Exit status: 0 listed or deleted, 1 a failure, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 

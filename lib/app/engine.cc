@@ -21,6 +21,7 @@
 #include "config/keys.h"
 #include "storage/file_object_store.h"
 #include "storage/gcs_object_store.h"
+#include "storage/s3_object_store.h"
 #include "common/worker_pool.h"
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
@@ -216,6 +217,30 @@ std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bu
   return MakeGcsObjectStore(std::move(o), std::move(tokens));
 }
 
+// S3 for s3://BUCKET, objects under `prefix`: the same parallelism and
+// retry budget; credentials from the environment or the instance role.
+std::unique_ptr<ObjectStore> MakeS3Store(const Config& c, const std::string& bucket, const std::string& prefix,
+                                         const Clock& clock) {
+  S3Options o;
+  o.bucket = bucket;
+  o.prefix = prefix;
+  o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
+  o.make_backoff = [] {
+    return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
+  };
+  o.describe = DescribeRunObject;
+  o.streams = c.sync_parallelism;
+  o.urgent_streams = std::min(64, 2 * c.sync_parallelism);
+  o.parallel_min_bytes = static_cast<std::size_t>(c.sync_parallel_min_size);
+  o.clock = &clock;
+  auto creds = DefaultAwsCredentials(clock);
+  // A malformed key in the environment: every request fails with the reason.
+  std::unique_ptr<AwsCredentialProvider> provider =
+      creds.ok() ? std::move(*creds)
+                 : std::make_unique<FailingAwsCredentials>(creds.status());
+  return MakeS3ObjectStore(std::move(o), std::move(provider));
+}
+
 std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapshot& metadata, Mode mode,
                                            const Clock& clock) {
   auto loc = ParseStoreLocation(c.bucket);  // validated with the config
@@ -229,6 +254,8 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
     auto dir = c.bucket_mount;
     store = GuardByMount(MakeFileObjectStore(dir + "/" + (loc->prefix.empty() ? "" : loc->prefix + "/") + c.run_id),
                          [dir] { return CheckFuseMounted(dir); });
+  } else if (loc->scheme == "s3") {
+    store = MakeS3Store(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, clock);
   } else {
     store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }

@@ -17,6 +17,7 @@
 #include "retry/retry_policy.h"
 #include "storage/file_object_store.h"
 #include "storage/gcs_object_store.h"
+#include "storage/s3_object_store.h"
 #include "storage/user_credentials.h"
 #include "supervisor/durability.h"
 #include "sync/manifest.h"
@@ -52,7 +53,7 @@ StatusOr<std::unique_ptr<TokenProvider>> Credentials(const RemoteOptions& o, boo
       "--access-token-command \"gcloud auth print-access-token\"");
 }
 
-// A read-only view of URL (gs://BUCKET/PREFIX or file:///PATH), rooted at its prefix.
+// A read-only view of URL (gs://BUCKET/PREFIX, s3://BUCKET/PREFIX or file:///PATH), rooted at its prefix.
 StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& url, const RemoteOptions& o);
 
 // OpenStore for `command`: a bad URL is a usage error (64), missing
@@ -76,6 +77,20 @@ StatusOr<std::unique_ptr<ObjectStore>> OpenStore(const std::string& url, const R
   auto loc = ParseStoreLocation(url);
   if (!loc.ok()) return loc.status();
   if (loc->scheme == "file") return MakeFileObjectStore(loc->prefix);
+  if (loc->scheme == "s3") {
+    S3Options s;
+    s.bucket = loc->bucket;
+    s.prefix = loc->prefix;
+    s.streams = o.parallelism;
+    s.clock = &TheClock();
+    s.make_retry = [] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), TheClock()); };
+    s.make_backoff = [] {
+      return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
+    };
+    auto creds = DefaultAwsCredentials(TheClock());
+    if (!creds.ok()) return creds.status();
+    return MakeS3ObjectStore(std::move(s), std::move(*creds));
+  }
   GcsOptions g;
   bool auth = true;
   g.endpoint = StorageEndpoint(o.storage_endpoint, auth);
@@ -334,8 +349,8 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
   auto slash = u.rfind('/');
   std::string run_id = slash == std::string::npos ? "" : u.substr(slash + 1);
   auto loc = ParseStoreLocation(u);
-  if (!loc.ok() || run_id.empty() || (loc->scheme == "gs" && loc->prefix.empty())) {
-    std::fprintf(stderr, "spotvisor pull: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
+  if (!loc.ok() || run_id.empty() || (loc->scheme != "file" && loc->prefix.empty())) {
+    std::fprintf(stderr, "spotvisor pull: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID, s3://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
                  Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
     return kExitUsage;
   }

@@ -54,7 +54,7 @@ const std::vector<KeySpec>& AllKeys() {
       {"on-failure-hold", "0",
        "After a failed run, keep the VM up this long before on-exit, for debugging (spotvisor release ends it early)"},
       {"bucket", "",
-       "Where checkpoints are kept: gs://BUCKET[/PREFIX] or file:///PATH (empty: no sync); objects go under PREFIX/RUN_ID/"},
+       "Where checkpoints are kept: gs://BUCKET[/PREFIX], s3://BUCKET[/PREFIX] or file:///PATH (empty: no sync); objects go under PREFIX/RUN_ID/"},
       {"sync-interval", "10m", "How often checkpoints are synced while training (0: only the final sync)"},
       {"sync-alert-after", "",
        "Warn (sync.stalled) when the bucket has not caught up with the checkpoint dir for this long; ERROR at twice "

@@ -1,5 +1,6 @@
-// Where checkpoints are kept: a Cloud Storage bucket through the JSON API, or
-// a local directory (file:// for local use and the demo). The sync engine
+// Where checkpoints are kept: a Cloud Storage bucket through the JSON API,
+// an S3 bucket through its REST API, or a local directory (file:// for
+// local use and the demo). The sync engine
 // only sees this interface.
 #pragma once
 
@@ -60,15 +61,15 @@ class ObjectStore {
   // Can we list (and so probably use) the store? Run before training, so a
   // missing bucket or a missing permission is found before hours of work.
   virtual Status CheckAccess(const CallContext& ctx) = 0;
-  // "gs://bucket/prefix" or "file:///dir", for messages.
+  // "gs://bucket/prefix", "s3://bucket/prefix" or "file:///dir", for messages.
   virtual std::string Describe() const = 0;
 };
 
-// bucket = "gs://BUCKET[/PREFIX]" or "file:///PATH".
+// bucket = "gs://BUCKET[/PREFIX]", "s3://BUCKET[/PREFIX]" or "file:///PATH".
 struct StoreLocation {
-  std::string scheme;  // "gs" or "file"
-  std::string bucket;  // gs only
-  std::string prefix;  // gs: object name prefix, no leading/trailing '/'; file: the directory
+  std::string scheme;  // "gs", "s3" or "file"
+  std::string bucket;  // gs and s3 only
+  std::string prefix;  // gs, s3: object name prefix, no leading/trailing '/'; file: the directory
 };
 StatusOr<StoreLocation> ParseStoreLocation(const std::string& url);
 
