@@ -10,6 +10,7 @@ packages=(
   clang libclang-rt-dev  # the libFuzzer targets in fuzz/ (docs/fuzzing.md): clang, libFuzzer and the sanitizer runtimes
   # the .deb and its tests (tests/package), the boot test under QEMU (tests/e2e)
   dpkg-dev debootstrap gpg gpgv xz-utils systemd qemu-system-x86 socat
+  awscli python3-boto3  # AWS's own clients (aws-cli 2, botocore) against the fake S3 and IMDS (tests/fakes)
 )
 # Node.js and npm run Google's own clients against the fakes (tests/fakes/node/). A machine
 # that has node with npm already (NodeSource's nodejs bundles npm) keeps it; Debian's
@@ -37,6 +38,6 @@ if [ ! -f "$node_dir/node_modules/.package-lock.json" ] || ! cmp -s "$node_dir/p
   if (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >&2); then
     cp "$node_dir/package-lock.json" "$node_dir/.installed-lock"
   else
-    echo "install-deps: WARNING: npm ci in $node_dir failed; the Google-client interop tests will be skipped" >&2
+    echo "install-deps: WARNING: npm ci in $node_dir failed; the Node interop tests (Google's clients, s3rver) will be skipped" >&2
   fi
 fi

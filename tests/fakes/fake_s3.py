@@ -619,6 +619,25 @@ class FakeS3Server:
                                              key=lambda u: u.initiated)
                     if bucket is None or u.bucket == bucket]
 
+    def create_upload(self, bucket, key):
+        """Start a multipart upload directly (as another client under way
+        would have); returns its upload id."""
+        uid = _b64(secrets.token_bytes(48)).replace("+", "-").replace(
+            "/", "_").rstrip("=")
+        with self._lock:
+            b = self._bucket_or_raise(bucket)
+            self._uploads[uid] = _Upload(uid, b.name, key, None, None, None,
+                                         None, {}, b.deletes.get(key, 0),
+                                         self.clock())
+            self._changed.notify_all()
+        return uid
+
+    def backdate_upload(self, upload_id, seconds):
+        """Make an upload look `seconds` older (one a crash left behind
+        days ago), without waiting."""
+        with self._lock:
+            self._uploads[upload_id].initiated -= seconds
+
     def _bucket_or_raise(self, name):
         b = self._buckets.get(name)
         if b is None:
