@@ -4,6 +4,7 @@ credentials from the environment and from an instance role that rotates, a bucke
 real client (boto3) reading back what spotvisor wrote with its checksums validated."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -298,6 +299,57 @@ class S3InstanceRoleTest(SpotvisorTestCase):
                                                         "checkpoint-dir": self.path("ckpt")}, env=env)
         self.assertEqual(p.wait_exit(), 74)
         self.assertIn("has no IAM role", p.wait_event("restore.failed")["error"])
+
+
+NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fakes", "node")
+NODE = shutil.which("node")
+
+
+@unittest.skipUnless(NODE and os.path.isdir(os.path.join(NODE_DIR, "node_modules", "s3rver")),
+                     "node or tests/fakes/node/node_modules/s3rver missing (scripts/install-deps.sh runs npm ci)")
+class S3rverTest(SpotvisorTestCase):
+    """spotvisor's S3 client against s3rver (npm), an S3 server nobody here wrote. s3rver does not verify
+    signatures or implement checksums and conditional writes: this checks request shapes and XML
+    (multipart, ListObjectsV2 with url encoding, ranged GETs, odd key names), nothing more."""
+
+    def test_sync_and_restore_through_s3rver(self):
+        port_file = self.path("s3rver.port")
+        proc = subprocess.Popen([NODE, os.path.join(NODE_DIR, "s3rver_serve.js"), "--port", "0", "--port-file",
+                                 port_file, "--dir", self.path("s3rver-data"), "--bucket", "ckpt"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.addCleanup(lambda: (proc.terminate(), proc.wait(10)))
+        wait_until(lambda: os.path.exists(port_file) or proc.poll() is not None, timeout=30, what="s3rver")
+        with open(port_file) as f:
+            port = int(f.read())
+        env = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "S3RVER",
+               "AWS_SECRET_ACCESS_KEY": "S3RVER", "AWS_REGION": "us-east-1"}
+        os.makedirs(self.path("ckpt/a b"))
+        big = os.urandom(20 * 1024 * 1024 + 3)  # a multipart upload, restored as ranges
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(big)
+        for i in range(60):
+            with open(self.path(f"ckpt/a b/f{i:04d}+é"), "wb") as f:
+                f.write(b"%d" % i)
+        sets = {"bucket": "s3://ckpt/exp", "run-id": "r", "checkpoint-dir": self.path("ckpt"), "sync-interval": "0",
+                "sync-settle": "0s", "sync-parallel-min-size": "16M"}
+        p = self.run_trainer(["--run-for", "10"], sets=sets, env=env)
+        self.assertEqual(p.wait_exit(timeout=180), 0, "".join(p.raw[-20:]) + p.stderr)
+        self.assertEqual(p.wait_event("sync.complete", kind="final")["files_uploaded"], 61)
+        # Pulled back whole (ranges for the big file).
+        gc = subprocess.run([SPOTVISOR, "pull", "s3://ckpt/exp/r", self.path("pulled")], capture_output=True,
+                            text=True, timeout=120, env=dict(env, PATH=os.environ.get("PATH", ""),
+                                                             HOME=self.path("home")))
+        self.assertEqual(gc.returncode, 0, gc.stderr)
+        with open(self.path("pulled/big.bin"), "rb") as f:
+            self.assertEqual(f.read(), big)
+        self.assertEqual(len(os.listdir(self.path("pulled/a b"))), 60)
+        with open(self.path("pulled/a b/f0059+é"), "rb") as f:
+            self.assertEqual(f.read(), b"59")
+        # `runs` lists the prefix through s3rver's ListObjectsV2 and reads status.json.
+        runs = subprocess.run([SPOTVISOR, "runs", "s3://ckpt/exp"], capture_output=True, text=True, timeout=120,
+                              env=dict(env, PATH=os.environ.get("PATH", ""), HOME=self.path("home")))
+        self.assertEqual(runs.returncode, 0, runs.stderr)
+        self.assertRegex(runs.stdout, r"\br\b.*done")
 
 
 class S3PullTest(SpotvisorTestCase):
