@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include <fmt/format.h>
@@ -26,8 +27,12 @@
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
 #include "log/journald_sink.h"
+#include "config/config_file.h"
+#include "metadata/ec2_notices.h"
+#include "metadata/imds_client.h"
 #include "metadata/scheduling.h"
 #include "metadata/upcoming_maintenance.h"
+#include "output/utf8.h"
 #include "metadata/watcher.h"
 #include "mount/guarded_store.h"
 #include "mount/mount_manager.h"
@@ -73,6 +78,75 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
   if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
   if (auto id = client.Get("instance/id"); id.ok()) m.instance_id = id->value;
   if (auto z = client.Get("instance/zone"); z.ok()) m.zone = z->value.substr(z->value.rfind('/') + 1);
+  m.available = true;
+  return m;
+}
+
+// A value from the metadata service that goes into names and labels:
+// printable ASCII, not empty, not huge.
+bool PlainValue(std::string_view v) {
+  if (v.empty() || v.size() > 256) return false;
+  for (unsigned char c : v) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+// EC2: identity, tags (spotvisor-KEY or spotvisor:KEY) as the instance layer,
+// the user data's [spotvisor] section as the project layer, and whether an
+// interruption notice is already there.
+StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds) {
+  const CallContext& ctx = Background();
+  MetadataSnapshot m;
+  auto id = imds.Get("meta-data/instance-id", ctx);
+  if (!id.ok()) return id.status();
+  std::string instance(Trim(*id));
+  if (!PlainValue(instance)) return UnavailableError("EC2 metadata: instance-id is not an instance id");
+  m.instance_name = m.instance_id = instance;
+  if (auto z = imds.Get("meta-data/placement/availability-zone", ctx); z.ok() && PlainValue(Trim(*z))) {
+    m.zone = std::string(Trim(*z));
+  }
+  auto keys = imds.Get("meta-data/tags/instance", ctx);
+  if (keys.ok()) {
+    for (auto const& line : SplitLines(*keys)) {
+      std::string key(Trim(line));
+      std::string rest;
+      if (StartsWith(key, "spotvisor-") || StartsWith(key, "spotvisor:")) rest = key.substr(10);
+      if (rest.empty()) continue;
+      bool plain = rest.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos;
+      if (!plain) {
+        m.errors.push_back(fmt::format("instance tag {}: not a spotvisor key (lower-case letters, digits and '-')",
+                                       output::EscapeInvalidUtf8(key.substr(0, 100))));
+        continue;
+      }
+      auto v = imds.Get("meta-data/tags/instance/" + key, ctx);
+      if (!v.ok()) return v.status();
+      m.instance_attributes[kMetadataPrefix + rest] = *v;
+    }
+  } else if (keys.status().code() == StatusCode::kNotFound) {
+    m.ec2_tags_hidden = true;
+  } else {
+    return keys.status();
+  }
+  auto ud = imds.Get("user-data", ctx);
+  if (ud.ok()) {
+    auto section = ParseUserDataSection(*ud);
+    if (section.ok()) {
+      m.project_attributes = *std::move(section);
+    } else {
+      m.errors.push_back(section.status().message());
+    }
+  } else if (ud.status().code() != StatusCode::kNotFound) {
+    return ud.status();
+  }
+  auto action = imds.Get("meta-data/spot/instance-action", ctx);
+  if (action.ok()) {
+    m.ec2_interruption = output::EscapeInvalidUtf8(action->substr(0, 500));
+    m.preempted = MetadataValue{"TRUE", ""};
+  } else if (action.status().code() != StatusCode::kNotFound) {
+    return action.status();
+  }
+  m.cloud = "aws";
   m.available = true;
   return m;
 }
@@ -373,11 +447,120 @@ StatusOr<MetadataSnapshot> LoadMetadata(MetadataClient& client, bool required, L
   return result;
 }
 
+StatusOr<std::map<std::string, std::string>> ParseUserDataSection(std::string_view user_data) {
+  std::string section;
+  bool in = false, found = false;
+  for (auto const& raw : SplitLines(user_data)) {
+    auto line = Trim(raw);
+    if (!line.empty() && line.front() == '[') {
+      in = line == "[spotvisor]";
+      found = found || in;
+      section += '\n';  // keeps the line numbers of errors right
+      continue;
+    }
+    section += in ? std::string(raw) : std::string();
+    section += '\n';
+  }
+  std::map<std::string, std::string> out;
+  if (!found) return out;
+  auto entries = ParseConfigText(section, "user data [spotvisor]");
+  if (!entries.ok()) return entries.status();
+  for (auto const& e : *entries) out[kMetadataPrefix + e.key] = e.value;
+  return out;
+}
+
+namespace {
+
+// The cloud key, before any metadata is read: the command line, else the
+// config file (metadata cannot say where metadata comes from).
+std::string CloudKey(const EngineOptions& o) {
+  std::string v;
+  if (auto entries = ReadConfigFile(o.config_path); entries.ok()) {
+    for (auto const& e : *entries) {
+      if (e.key == "cloud") v = e.value;
+    }
+  }
+  for (auto const& [k, val] : o.sets) {
+    if (k == "cloud") v = val;
+  }
+  return std::string(Trim(v));
+}
+
+bool EnvSet(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+}  // namespace
+
+StatusOr<MetadataSnapshot> LoadCloud(const EngineOptions& o, MetadataClient& gce, ImdsClient& imds, Logger& logger,
+                                     Sleeper& sleeper) {
+  std::string cloud = CloudKey(o);
+  bool required = MetadataRequired(o.mode) || EnvSet("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+  if (cloud == "auto" || cloud.empty()) {
+    if (EnvSet("GCE_METADATA_HOST")) cloud = "gce";
+    else if (EnvSet("AWS_EC2_METADATA_SERVICE_ENDPOINT")) cloud = "aws";
+  }
+  if (cloud == "gce") {
+    auto m = LoadMetadata(gce, MetadataRequired(o.mode) || o.mode == Mode::kDaemon, logger, sleeper);
+    if (m.ok() && m->available) m->cloud = "gce";
+    return m;
+  }
+  // Both asked at once, each bounded (the probes' connect timeouts are short
+  // off their cloud; on the other cloud the wrong service answers 404 at once).
+  auto probe = [&]() -> std::pair<StatusOr<MetadataSnapshot>, StatusOr<MetadataSnapshot>> {
+    std::future<StatusOr<MetadataSnapshot>> g;
+    if (cloud != "aws") g = std::async(std::launch::async, [&] { return FetchOnce(gce); });
+    auto a = cloud != "gce" ? FetchEc2Once(imds) : StatusOr<MetadataSnapshot>(UnavailableError("not asked"));
+    auto gr = g.valid() ? g.get() : StatusOr<MetadataSnapshot>(UnavailableError("not asked"));
+    return {std::move(gr), std::move(a)};
+  };
+  auto pick = [&](std::pair<StatusOr<MetadataSnapshot>, StatusOr<MetadataSnapshot>>& r) -> StatusOr<MetadataSnapshot> {
+    if (r.first.ok()) {
+      r.first->cloud = "gce";
+      return std::move(r.first);
+    }
+    if (r.second.ok()) return std::move(r.second);
+    return UnavailableError(cloud == "aws" ? fmt::format("EC2 metadata service: {}", r.second.status().message())
+                                           : fmt::format("no metadata service answered (GCE: {}; EC2: {})",
+                                                         r.first.status().message(), r.second.status().message()));
+  };
+  auto first = probe();
+  auto got = pick(first);
+  if (got.ok() || !required) {
+    if (!got.ok()) {
+      logger.Info("metadata.absent", fmt::format("{}; running without metadata: no metadata config, no preemption "
+                                                 "watch", got.status().message()));
+      return MetadataSnapshot{};
+    }
+    return got;
+  }
+  RetryForeverPolicy retry;
+  ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(30), 2.0);
+  logger.Warn("metadata.unavailable", fmt::format("waiting for a metadata service: {}; retrying with backoff",
+                                                  got.status().message()),
+              {{"error", got.status().message()}});
+  int failures = 1;
+  auto result = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&] {
+    auto r = probe();
+    return pick(r);
+  }, [&](const Status&, int attempt, std::chrono::milliseconds) { failures = attempt + 1; });
+  if (result.ok()) {
+    logger.Info("metadata.recovered", fmt::format("metadata service answered after {} failed attempt(s)", failures),
+                {{"failed_attempts", failures}});
+  }
+  return result;
+}
+
 ConfigResult LoadConfig(const EngineOptions& o, const MetadataSnapshot& metadata) {
   ConfigInputs in;
   in.file_path = o.config_path;
   in.project_attributes = metadata.project_attributes;
   in.instance_attributes = metadata.instance_attributes;
+  if (metadata.cloud == "aws") {
+    in.project_layer = "user data";
+    in.instance_layer = "instance tag";
+  }
   in.cli_sets = o.sets;
   in.cli_command = o.command;
   in.dynamic_defaults = {
@@ -398,6 +581,7 @@ ConfigResult LoadConfig(const EngineOptions& o, const MetadataSnapshot& metadata
   }
   auto r = ResolveConfig(in);
   r.errors.insert(r.errors.begin(), file_errors.begin(), file_errors.end());
+  r.errors.insert(r.errors.end(), metadata.errors.begin(), metadata.errors.end());
   if (!file_errors.empty()) r.config.reset();
   return r;
 }
@@ -448,10 +632,11 @@ int RunEngine(const EngineOptions& options) {
 
   CancellableSleeper sleeper;
   auto metadata_client = NewMetadataClient(options.mode);
+  auto imds = MakeImdsClient(ImdsOptions{}, clock);
   std::optional<StatusOr<MetadataSnapshot>> loaded;
   int stop_signal = 0;
   std::thread bootstrap = StartSignalFreeThread([&] {
-    auto m = LoadMetadata(*metadata_client, MetadataRequired(options.mode), logger, sleeper);
+    auto m = LoadCloud(options, *metadata_client, *imds, logger, sleeper);
     asio::post(io, [&, m = std::move(m)]() mutable {
       loaded = std::move(m);
       signals.cancel();
@@ -489,8 +674,10 @@ int RunEngine(const EngineOptions& options) {
   MetadataSnapshot metadata = **std::move(loaded);
   {
     const char* host = std::getenv("GCE_METADATA_HOST");
-    metadata.default_address = metadata.available && (host == nullptr || *host == '\0');
+    metadata.default_address = metadata.cloud == "gce" && (host == nullptr || *host == '\0');
   }
+  const bool on_gce = metadata.available && metadata.cloud == "gce";
+  const bool on_aws = metadata.available && metadata.cloud == "aws";
   auto result = LoadConfig(options, metadata);
   PrepareHost(result, options.mode);
   if (!result.errors.empty()) result.config.reset();
@@ -510,6 +697,19 @@ int RunEngine(const EngineOptions& options) {
   if (auto s = AddCloudLogging(result, metadata, options.mode, clock, logger); !s.ok()) {
     result.errors.push_back(s.message());
     result.config.reset();
+  }
+  if (metadata.available) {
+    logger.Info("cloud.detected",
+                on_aws ? fmt::format("on EC2: instance {} in {} (the instance metadata service answered at {})",
+                                     metadata.instance_id, metadata.zone.empty() ? "?" : metadata.zone, imds->Endpoint())
+                       : fmt::format("on GCE: instance {} in {}", metadata.instance_name, metadata.zone),
+                {{"cloud", metadata.cloud}, {"instance", metadata.instance_name}, {"zone", metadata.zone}});
+  }
+  if (on_aws && metadata.ec2_tags_hidden) {
+    logger.Info("config.tags_hidden",
+                "instance tags are not exposed in the instance metadata, so spotvisor-KEY tags cannot configure this "
+                "run; to use them: aws ec2 modify-instance-metadata-options --instance-id " + metadata.instance_id +
+                    " --instance-metadata-tags enabled");
   }
   for (auto const& w : result.warnings) logger.Warn("config.warning", w);
   if (!result.config) return EndWithConfigError(result, options.mode, logger);
@@ -542,7 +742,7 @@ int RunEngine(const EngineOptions& options) {
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),
                 {{"bucket", so.sync->Describe()}});
   }
-  if (metadata.available) {
+  if (on_gce) {
     so.guest_attributes = std::make_shared<GuestAttributesWriter>(NewMetadataClient(options.mode), [&logger](const Status& s) {
       logger.Warn("guest_attributes.failed",
                   "cannot write guest attributes (status stays in the logs and status.json): " + s.message());
@@ -587,12 +787,31 @@ int RunEngine(const EngineOptions& options) {
     }
     mounter = MakeSystemMounter();
     so.mounts = std::make_shared<MountManager>(std::move(mo), *mounter, *so.children, clock, logger);
-    if (!config.bucket_mount.empty() && metadata.available) WarnAboutScopes(*metadata_client, logger);
+    if (!config.bucket_mount.empty() && on_gce) WarnAboutScopes(*metadata_client, logger);
   }
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 
   std::vector<std::unique_ptr<MetadataWatcher>> watchers;
-  if (metadata.available) {
+  std::unique_ptr<Ec2NoticeWatcher> ec2_watcher;
+  if (on_aws) {
+    Ec2NoticeCallbacks cb;
+    cb.on_interruption = [&supervisor](const Ec2InterruptionNotice& n, const std::string& body) {
+      supervisor.NotifyPreempted(n.time, fmt::format("EC2 Spot interruption notice ({}: {})", n.action, body));
+    };
+    cb.on_rebalance = [&supervisor](const std::string& body) { supervisor.NotifyRebalance(body); };
+    cb.on_failing = [&logger](const Status& s) {
+      logger.Warn("metadata.unavailable",
+                  fmt::format("polling spot/instance-action: {}; still polling every second", s.message()),
+                  {{"path", "spot/instance-action"}, {"error", s.message()}});
+    };
+    cb.on_recovered = [&logger](int n) {
+      logger.Info("metadata.recovered", fmt::format("polling spot/instance-action again after {} failed poll(s)", n),
+                  {{"path", "spot/instance-action"}, {"failed_attempts", n}});
+    };
+    ec2_watcher = std::make_unique<Ec2NoticeWatcher>(MakeImdsClient(ImdsOptions{}, clock), clock,
+                                                     std::chrono::seconds(1), std::move(cb));
+  }
+  if (on_gce) {
     auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change,
                      std::function<bool(const Status&)> absent = nullptr) {
       WatcherOptions wo;
@@ -626,11 +845,13 @@ int RunEngine(const EngineOptions& options) {
   }
   supervisor.Start();
   for (auto& w : watchers) w->Start();
+  if (ec2_watcher) ec2_watcher->Start();
   {
     SignalWindow window(handled);
     io.run();
   }
   for (auto& w : watchers) w->Stop();
+  if (ec2_watcher) ec2_watcher->Stop();
   // Whatever the on-exit action, the run's last lines are delivered before
   // spotvisor exits, within a deadline: short when the VM is going down (a
   // preemption leaves ~30 s in all, and Cloud Logging may be what is slow).
@@ -649,7 +870,10 @@ int PrintConfig(const EngineOptions& options, bool json) {
   logger.AddSink(isatty(STDERR_FILENO) ? MakeTextSink(stderr) : MakeJsonSink(stderr));
   CancellableSleeper sleeper;
   auto client = NewMetadataClient(Mode::kConfig);
-  auto metadata = LoadMetadata(*client, false, logger, sleeper);
+  auto imds = MakeImdsClient(ImdsOptions{}, clock);
+  EngineOptions probe = options;
+  probe.mode = Mode::kConfig;
+  auto metadata = LoadCloud(probe, *client, *imds, logger, sleeper);
   MetadataSnapshot snapshot;
   std::vector<std::string> extra_errors;
   if (metadata.ok()) {

@@ -39,14 +39,37 @@ struct MetadataSnapshot {
   std::string project_id, zone;  // zone: the last segment of instance/zone
   std::string instance_id;
   bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE
+  std::string cloud;  // "gce", "aws", or "" (no metadata service)
+  // EC2: the instance-action notice was already there at boot (its body).
+  std::string ec2_interruption;
+  // EC2: instance-metadata tags are not enabled (tags/instance is 404).
+  bool ec2_tags_hidden = false;
+  // Problems with a metadata layer itself (a user-data section that does
+  // not parse): configuration errors.
+  std::vector<std::string> errors;
 };
+
+// EC2's user data may carry spotvisor's configuration as a section of the
+// config file's `KEY = value` lines, from a line `[spotvisor]` to the next
+// `[...]` line or the end; anything else in the user data (a cloud-init
+// script) is left alone. Returns KEY -> value as spotvisor-KEY attributes.
+StatusOr<std::map<std::string, std::string>> ParseUserDataSection(std::string_view user_data);
 
 // Daemon mode, or GCE_METADATA_HOST set: metadata is required, so retry
 // until it answers (logging once per failure streak) or `sleeper` is
 // cancelled. Otherwise one quick attempt; unreachable means "not on GCE".
 StatusOr<MetadataSnapshot> LoadMetadata(MetadataClient& client, bool required, Logger& logger, Sleeper& sleeper);
 
-// Layers file < project < instance < command line, with mode-dependent defaults.
+// Which cloud (the `cloud` key from the command line or config file; auto:
+// GCE_METADATA_HOST or AWS_EC2_METADATA_SERVICE_ENDPOINT set picks one, else
+// both services are asked at once) and its metadata. Required as
+// LoadMetadata says (and on EC2 when its endpoint is set).
+class ImdsClient;
+StatusOr<MetadataSnapshot> LoadCloud(const EngineOptions& options, MetadataClient& gce, ImdsClient& imds, Logger& logger,
+                                     Sleeper& sleeper);
+
+// Layers file < project (EC2: user data) < instance (EC2: tags) < command
+// line, with mode-dependent defaults.
 ConfigResult LoadConfig(const EngineOptions& options, const MetadataSnapshot& metadata);
 
 // Checks that need the machine: the user exists (and we may switch to it),

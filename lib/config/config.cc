@@ -291,8 +291,8 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     }
     layers.Set(e.key, e.value, ConfigSource::kFile, fmt::format("{}:{} {}", in.file_path, e.line, e.key));
   }
-  layers.AddMetadata(in.project_attributes, ConfigSource::kProjectMetadata, "project metadata");
-  layers.AddMetadata(in.instance_attributes, ConfigSource::kInstanceMetadata, "instance metadata");
+  layers.AddMetadata(in.project_attributes, ConfigSource::kProjectMetadata, in.project_layer.c_str());
+  layers.AddMetadata(in.instance_attributes, ConfigSource::kInstanceMetadata, in.instance_layer.c_str());
   for (auto const& [key, value] : in.cli_sets) {
     if (FindKey(key) == nullptr) {
       r.errors.push_back(fmt::format("--set {}: unknown key{}", key, DidYouMean(key)));
@@ -343,6 +343,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     // stop and delete fall back to it when the Compute API call fails.
     res.Error("shutdown-command", "is empty; on-exit needs it to power off");
   }
+  res.OneOf<std::string>("cloud", {{"auto", "auto"}, {"gce", "gce"}, {"aws", "aws"}}, c.cloud);
   res.OneOf<LogTo>("log-to",
                    {{"auto", LogTo::kAuto}, {"stdout", LogTo::kStdout}, {"api", LogTo::kApi}, {"journald", LogTo::kJournald}},
                    c.log_to);

@@ -36,6 +36,10 @@ struct ConfigInputs {
   std::vector<FileEntry> file_entries;
   std::map<std::string, std::string> project_attributes;  // all custom metadata
   std::map<std::string, std::string> instance_attributes;
+  // How the two metadata layers are named in messages: GCE's project and
+  // instance metadata, or EC2's user data and instance tags.
+  std::string project_layer = "project metadata";
+  std::string instance_layer = "instance metadata";
   std::vector<std::pair<std::string, std::string>> cli_sets;  // --set KEY=VALUE
   std::vector<std::string> cli_command;         // after --
   // Defaults that depend on the machine or the mode: user, run-id, on-exit, workdir.
@@ -62,6 +66,7 @@ struct Config {
   std::string shutdown_command;
   LogFormat log_format = LogFormat::kAuto;
   LogTo log_to = LogTo::kAuto;
+  std::string cloud = "auto";  // auto | gce | aws
   std::string logging_endpoint;
   std::map<std::string, std::string> log_labels;
   std::string bucket;  // empty: no checkpoint sync

@@ -39,6 +39,10 @@ const std::vector<KeySpec>& AllKeys() {
        "End the run after this long with no activity by the trainer's process tree (0: never); for interactive servers"},
       {"idle-threshold", "5",
        "Percent of one CPU core (or of a GPU) above which the trainer counts as active (1-100)"},
+      {"cloud", "auto",
+       "auto | gce | aws: whose metadata service configures this VM and sends its preemption notices; auto asks both "
+       "at boot and takes the one that answers (GCE_METADATA_HOST or AWS_EC2_METADATA_SERVICE_ENDPOINT set picks "
+       "that one). Read from the config file or the command line only"},
       {"preemption-notice", "0s",
        "The VM's --preemption-notice-duration (e.g. 120s): preempted=TRUE comes that long before the power button, so "
        "the final sync after a preemption has that much more time (0: none, or what the metadata server says)"},

@@ -225,7 +225,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
 
     // Notes: facts that hold whatever the state.
     note(preempted, "remember the preemption (no on-exit, no restart) and when the power button comes; log `preemption.detected`",
-         [](M& m, const PreemptionNotice&, SteadyTime now, Out&) { m.NotePreemption(now); });
+         [](M& m, const PreemptionNotice& e, SteadyTime now, Out&) { m.NotePreemption(e, now); });
     note(signal, "remember the stop (no on-exit; a second one shortens what is left); log `signal.received`",
          [](M& m, const StopSignal& e, SteadyTime now, Out&) { m.NoteStopSignal(e, now); });
     note(maintenance, "log `maintenance.detected` (TERMINATE_ON_HOST_MAINTENANCE) or `maintenance.event` (anything else: ignored)",
@@ -726,22 +726,33 @@ void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
   Transition(State::kRunning, now, fmt::format("trainer started as pid {}", e.pid));
 }
 
-void StateMachine::NotePreemption(SteadyTime now) {
+void StateMachine::NotePreemption(const PreemptionNotice& e, SteadyTime now) {
   preempted_ = true;
   bool lead = state_ == State::kRunning && options_.preemption_stop_lead.count() > 0;
   // With a preemption notice the power button comes that much later (without
   // a known notice, a stop lead implies one at least as long); a SIGTERM seen
-  // first was the button itself.
+  // first was the button itself. A notice that says when the machine is
+  // taken (EC2) puts the end of the window there.
   auto notice = options_.preemption_notice.count() > 0 ? options_.preemption_notice : options_.preemption_stop_lead;
+  if (e.ends_at) {
+    notice = std::max(std::chrono::milliseconds(0),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(*e.ends_at - options_.preemption_window - now));
+  }
   auto button = now + notice;
   if (!power_button_at_ || button < *power_button_at_) power_button_at_ = button;
   std::string when = notice.count() > 0 ? fmt::format(" (the power button comes in {})", FormatDuration(notice)) : "";
   nlohmann::json f = {{"phase", PhaseName(phase())}};
   if (notice.count() > 0) f["notice_s"] = std::chrono::duration<double>(notice).count();
+  std::string what = e.what.empty() ? "instance/preempted is TRUE" : e.what;
+  if (e.ends_at) {
+    when = fmt::format(" (the machine is taken in {}; the final sync must be committed before)",
+                       FormatDuration(std::chrono::duration_cast<std::chrono::milliseconds>(*e.ends_at - now)));
+    f["ends_in_s"] = std::chrono::duration<double>(*e.ends_at - now).count();
+  }
   Log(Severity::kWarning, "preemption.detected",
-      lead ? fmt::format("instance/preempted is TRUE{}: syncing now, stopping the trainer in {} (preemption-stop-lead)", when,
+      lead ? fmt::format("{}{}: syncing now, stopping the trainer in {} (preemption-stop-lead)", what, when,
                          FormatDuration(options_.preemption_stop_lead))
-           : fmt::format("instance/preempted is TRUE: the VM is being preempted{}", when),
+           : fmt::format("{}: the VM is being preempted{}", what, when),
       std::move(f));
 }
 

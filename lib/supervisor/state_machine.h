@@ -83,7 +83,13 @@ struct TrainerSpawnFailed { std::string error; int exit_code; };
 // trainer still saving its checkpoint).
 struct TrainerExited { int pid; int exit_code; int signal; int group_remaining = 0; };
 struct GroupEmpty {};  // the last member of the trainer's process group is gone
-struct PreemptionNotice {};
+// `ends_at`: when the cloud takes the machine, if the notice says (EC2's
+// instance-action time): the final sync must be committed before it.
+// `what`: the notice, for the log ("" : GCE's instance/preempted).
+struct PreemptionNotice {
+  std::optional<SteadyTime> ends_at;
+  std::string what;
+};
 struct MaintenanceNotice { std::string value; };
 struct StopSignal { int signo; };
 struct LeftoversGone {};
@@ -236,7 +242,7 @@ class StateMachine {
   void OnMountsDone(const MountsDone& e, SteadyTime now, std::vector<Action>& out);
   void OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vector<Action>& out);
   void OnSpawned(const TrainerSpawned& e, SteadyTime now);
-  void NotePreemption(SteadyTime now);
+  void NotePreemption(const PreemptionNotice& e, SteadyTime now);
   void NoteStopSignal(const StopSignal& e, SteadyTime now);
   void OnMaintenanceRunning(SteadyTime now, std::vector<Action>& out);
   void OnMaintenanceWindow(const MaintenanceWindow& e, SteadyTime now, std::vector<Action>& out);

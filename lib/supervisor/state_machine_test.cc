@@ -1273,3 +1273,43 @@ TEST_CASE("a stop lead within the notice: the trainer stops at the lead, the syn
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("an EC2 interruption notice: SIGINT at once, the final sync must end before the notice's time") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.final_sync_timeout = 10min;  // preemption_window stays GCE's 30 s: the notice's time decides
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  CHECK(Only<SignalTrainer>(h.On(PreemptionNotice{h.now + 120s, "EC2 Spot interruption notice (terminate: {})"}))
+            .signo == SIGINT);
+  auto const& e = h.Last("preemption.detected");
+  CHECK(e.fields["ends_in_s"] == 120.0);
+  CHECK(e.message.find("EC2 Spot interruption notice") != std::string::npos);
+  h.now += 10s;
+  h.On(TrainerExited{100, 0, 0});
+  auto a = h.On(LeftoversGone{});
+  auto const& f = Only<StartFinalSync>(a);
+  CHECK(f.urgent);
+  CHECK(f.deadline - h.now == 107s);  // 120 s - 3 s margin - 10 s gone
+}
+
+TEST_CASE("an EC2 notice already past still gives no negative budget") {
+  auto o = Harness::Options();
+  o.sync = true;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  h.On(PreemptionNotice{h.now - 5s, "late"});
+  h.On(TrainerExited{100, 0, 0});
+  auto a = h.On(LeftoversGone{});
+  CHECK(Only<StartFinalSync>(a).deadline >= h.now);
+}
+
+}  // namespace
+}  // namespace spotvisor

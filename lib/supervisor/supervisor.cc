@@ -259,8 +259,35 @@ void Supervisor::ArmWatchdog(std::chrono::microseconds interval) {
   });
 }
 
-void Supervisor::NotifyPreempted() {
-  asio::post(io_, [this] { Dispatch(PreemptionNotice{}); });
+void Supervisor::NotifyPreempted(std::optional<WallTime> ends_at, std::string what) {
+  asio::post(io_, [this, ends_at, what = std::move(what)] {
+    PreemptionNotice n{std::nullopt, what};
+    if (ends_at) {
+      // Wall time to the loop's steady clock. A time already past, or absurdly
+      // far (a skewed clock), is clamped: at least 5 s to sync in, at most 15 min.
+      auto in = std::chrono::duration_cast<std::chrono::milliseconds>(*ends_at - clock_.WallNow());
+      in = std::clamp(in, std::chrono::milliseconds(5'000), std::chrono::milliseconds(15 * 60'000));
+      n.ends_at = clock_.Now() + in;
+    }
+    Dispatch(n);
+  });
+}
+
+void Supervisor::NotifyRebalance(const std::string& body) {
+  asio::post(io_, [this, body] {
+    if (!options_.sync) {
+      logger_.Log(LogEvent{Severity::kNotice, "rebalance.detected",
+                           "EC2 rebalance recommendation: the instance is at elevated risk of interruption; no bucket "
+                           "is configured, nothing to sync",
+                           {{"notice", body}}});
+      return;
+    }
+    logger_.Log(LogEvent{Severity::kNotice, "rebalance.detected",
+                         "EC2 rebalance recommendation: the instance is at elevated risk of interruption; syncing "
+                         "checkpoints now, the trainer keeps running",
+                         {{"notice", body}}});
+    StartSync("on-demand", false, false);
+  });
 }
 
 void Supervisor::NotifyMaintenance(const std::string& value) {

@@ -75,8 +75,13 @@ class Supervisor {
     return machine_.stopped_by_signal() || machine_.preempted();
   }
 
-  // Thread-safe: called from the metadata watcher threads.
-  void NotifyPreempted();
+  // Thread-safe: called from the metadata watcher threads. `ends_at`: when
+  // the cloud takes the machine, if the notice says (EC2); `what` names the
+  // notice in the log.
+  void NotifyPreempted(std::optional<WallTime> ends_at = std::nullopt, std::string what = "");
+  // An early warning that the machine may be taken (EC2's rebalance
+  // recommendation): sync now, keep training.
+  void NotifyRebalance(const std::string& body);
   void NotifyMaintenance(const std::string& value);
   // instance/upcoming-maintenance's answer ("" for nothing scheduled).
   void NotifyUpcomingMaintenance(const std::string& body);
