@@ -5,12 +5,14 @@
 # anything behind) on this one, and clears what must not be baked in.
 #
 # Run as root on the VM being baked:
-#   packer: spotvisor.pkr.hcl runs it (SPOTVISOR_DEB=/tmp/spotvisor.deb).
+#   packer: spotvisor.pkr.hcl runs it (SPOTVISOR_DEB=/tmp/spotvisor.deb); so does
+#           aws/spotvisor.pkr.hcl, with INSTALL_GCSFUSE=false.
 #   by hand: sudo env SPOTVISOR_DEB=/tmp/spotvisor_VERSION-1_amd64.deb bash provision.sh
 #            (docs/quickstart.md, "Bake the image without Packer").
 # Environment:
 #   SPOTVISOR_DEB   path of the .deb on this VM (required)
 #   INSTALL_RCLONE  true: also install rclone (mount-driver = rclone); default false
+#   INSTALL_GCSFUSE false: skip gcsfuse (AWS images: packer/aws/); default true
 #   KEEP_MACHINE_ID true: do not reset /etc/machine-id; default false
 #
 # What it assumes about the package (built by scripts/package.sh): it installs
@@ -21,6 +23,7 @@ set -euo pipefail
 
 : "${SPOTVISOR_DEB:?set SPOTVISOR_DEB to the path of the spotvisor .deb on this VM}"
 INSTALL_RCLONE="${INSTALL_RCLONE:-false}"
+INSTALL_GCSFUSE="${INSTALL_GCSFUSE:-true}"
 KEEP_MACHINE_ID="${KEEP_MACHINE_ID:-false}"
 
 say() { printf '==> %s\n' "$*"; }
@@ -43,7 +46,11 @@ if command -v cloud-init >/dev/null 2>&1; then
 fi
 
 # 1. gcsfuse, from Google's repository (the distributions do not package it).
-if command -v gcsfuse >/dev/null 2>&1; then
+# Not on AWS images (INSTALL_GCSFUSE=false: bucket-mount is Cloud Storage only).
+apt_get update
+if [ "$INSTALL_GCSFUSE" != "true" ]; then
+  say "not installing gcsfuse (INSTALL_GCSFUSE=$INSTALL_GCSFUSE)"
+elif command -v gcsfuse >/dev/null 2>&1; then
   say "gcsfuse already installed: $(gcsfuse --version 2>&1 | head -n1)"
 else
   say "adding Google's gcsfuse apt repository"
@@ -56,7 +63,7 @@ else
     >/etc/apt/sources.list.d/gcsfuse.list
 fi
 apt_get update
-if ! command -v gcsfuse >/dev/null 2>&1; then
+if [ "$INSTALL_GCSFUSE" = "true" ] && ! command -v gcsfuse >/dev/null 2>&1; then
   say "installing gcsfuse"
   apt_get install -y gcsfuse
 fi
