@@ -209,7 +209,8 @@ def main():
     args = ap.parse_args()
     B.check_binaries(args)
     if not os.access(args.aws, os.X_OK):
-        sys.exit(f"bench: {args.aws} not found (Debian's awscli; scripts/install-deps.sh installs it)")
+        print(f"bench: {args.aws} not found (Debian's awscli; scripts/install-deps.sh installs it)", file=sys.stderr)
+        sys.exit(77)  # ctest: skipped
     big = max(1, int(512 * MiB * args.scale))
     small_count = max(4, int(512 * args.scale))
     noop_count = max(20, int(10000 * args.scale))
