@@ -19,6 +19,7 @@
 #include "common/duration.h"
 #include "common/strings.h"
 #include "compute/compute_client.h"
+#include "compute/ec2_client.h"
 #include "config/keys.h"
 #include "storage/file_object_store.h"
 #include "storage/gcs_object_store.h"
@@ -105,6 +106,11 @@ StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds) {
   m.instance_name = m.instance_id = instance;
   if (auto z = imds.Get("meta-data/placement/availability-zone", ctx); z.ok() && PlainValue(Trim(*z))) {
     m.zone = std::string(Trim(*z));
+  }
+  if (auto r = imds.Get("meta-data/placement/region", ctx); r.ok() && PlainValue(Trim(*r))) {
+    m.region = std::string(Trim(*r));
+  } else {
+    m.region = RegionOfZone(m.zone);
   }
   auto keys = imds.Get("meta-data/tags/instance", ctx);
   if (keys.ok()) {
@@ -754,6 +760,16 @@ int RunEngine(const EngineOptions& options) {
       return MakeComputeClient(endpoint, ref, std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock),
                                retry_sleeper);
     };
+  }
+  if (on_aws && !metadata.region.empty()) {
+    Ec2InstanceRef ref{metadata.instance_id, metadata.region};
+    so.make_compute = [ref, &clock](Sleeper& retry_sleeper) -> std::unique_ptr<ComputeClient> {
+      auto creds = DefaultAwsCredentials(clock);
+      std::unique_ptr<AwsCredentialProvider> provider =
+          creds.ok() ? std::move(*creds) : std::make_unique<FailingAwsCredentials>(creds.status());
+      return MakeEc2ComputeClient("", ref, std::move(provider), retry_sleeper, clock);
+    };
+    so.compute_api = "the EC2 API";
   }
   so.notifier = MakeSystemdNotifier();
   std::unique_ptr<Mounter> mounter;

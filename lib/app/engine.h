@@ -40,6 +40,7 @@ struct MetadataSnapshot {
   std::string instance_id;
   bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE
   std::string cloud;  // "gce", "aws", or "" (no metadata service)
+  std::string region;  // EC2: placement/region
   // EC2: the instance-action notice was already there at boot (its body).
   std::string ec2_interruption;
   // EC2: instance-metadata tags are not enabled (tags/instance is 404).

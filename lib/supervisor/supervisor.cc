@@ -984,7 +984,7 @@ void Supervisor::RunOnExit() {
     RunPoweroff();
     return;
   }
-  logger_.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit {}: asking the Compute Engine API to {} this VM", verb, verb),
+  logger_.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit {}: asking {} to {} this VM", verb, options_.compute_api, verb),
                        {{"action", verb}}});
   CallContext ctx;
   ctx.cancel = compute_cancel_ = NewWork();
@@ -996,7 +996,7 @@ void Supervisor::RunOnExit() {
     asio::post(io_, [this, s, verb] {
       if (machine_.phase() != Phase::kFinishing) return;  // abandoned meanwhile
       if (s.ok()) {
-        logger_.Info("shutdown.api_done", fmt::format("the Compute Engine API accepted the {}; GCE takes it from here", verb));
+        logger_.Info("shutdown.api_done", fmt::format("{} accepted the {}; the cloud takes it from here", options_.compute_api, verb));
         Dispatch(OnExitDone{0});
         return;
       }

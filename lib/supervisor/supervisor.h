@@ -47,6 +47,7 @@ struct SupervisorOptions {
   std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
   // on-exit stop | delete; null without a metadata server (then: poweroff).
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
+  std::string compute_api = "the Compute Engine API";  // or "the EC2 API", for messages
   // The same state as status.json, as guest attributes; null without metadata.
   std::shared_ptr<GuestAttributesWriter> guest_attributes;
   // systemd's notify socket (Type=notify); null when not under systemd.

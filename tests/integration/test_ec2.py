@@ -123,6 +123,36 @@ class Ec2Test(SpotvisorTestCase):
         self.assertIn("user data [spotvisor]", bad.stderr)
         self.assertIn("instance tag spotvisor-Bad Key", bad.stderr)
 
+    def ec2_api(self):
+        from fake_ec2 import FakeEc2Server
+        api = FakeEc2Server(region="eu-west-1", instances=["i-0abc123def4567890"]).start()
+        self.addCleanup(api.stop)
+        api.add_credentials("ASIAEC2ROLE", "ec2-role-secret", session_token="ec2-role-token")
+        self.ec2_env["AWS_ENDPOINT_URL_EC2"] = api.endpoint
+        return api
+
+    def test_on_exit_stop_and_delete_go_through_the_ec2_api(self):
+        api = self.ec2_api()
+        for on_exit, action, state in (("stop", "StopInstances", "stopped"), ("delete", "TerminateInstances", "terminated")):
+            api.add_instance("i-0abc123def4567890")
+            p = self.vm(["--run-for", "10"], **{"on-exit": on_exit, "shutdown-command": f"echo off >> {self.path('off')}"})
+            self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
+            self.assertIn("the EC2 API", p.wait_event("shutdown.start")["message"])
+            p.wait_event("shutdown.api_done")
+            self.assertEqual(api.calls()[-1], (action, ["i-0abc123def4567890"]))
+            self.assertEqual(api.state("i-0abc123def4567890"), state)
+            self.assertFalse(os.path.exists(self.path("off")), "no poweroff when the API did it")
+
+    def test_a_denied_stop_powers_off_instead_naming_the_permission(self):
+        api = self.ec2_api()
+        api.deny("StopInstances")
+        p = self.vm(["--run-for", "10"], **{"on-exit": "stop", "shutdown-command": f"echo off >> {self.path('off')}"})
+        p.wait_exit()
+        failed = p.wait_event("shutdown.api_failed")
+        self.assertIn("UnauthorizedOperation", failed["error"])
+        self.assertIn("ec2:StopInstances", failed["error"])
+        wait_until(lambda: os.path.exists(self.path("off")), what="the fallback poweroff")
+
     def test_hidden_tags_are_said_with_the_command_that_shows_them(self):
         self.imds.set_tags_enabled(False)
         p = self.vm(["--run-for", "10"], bucket=f"s3://{BUCKET}/runs")
