@@ -732,6 +732,7 @@ int RunEngine(const EngineOptions& options) {
   for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
   WarnAboutGceLimits(metadata, config, clock, logger);
 
+  CancellableSleeper tag_sleeper;  // outlives the tag writer (declared before `so`)
   SupervisorOptions so;
   so.config = config;
   so.mode = options.mode == Mode::kDaemon ? "daemon" : "run";
@@ -770,6 +771,26 @@ int RunEngine(const EngineOptions& options) {
       return MakeEc2ComputeClient("", ref, std::move(provider), retry_sleeper, clock);
     };
     so.compute_api = "the EC2 API";
+    // The phase as an instance tag: said once if the role may not tag.
+    auto tag_cancel = std::make_shared<CancelSource>();
+    auto creds = DefaultAwsCredentials(clock);
+    std::shared_ptr<Ec2Tagger> tagger = MakeEc2Tagger(
+        "", ref,
+        creds.ok() ? std::move(*creds) : std::make_unique<FailingAwsCredentials>(creds.status()), tag_sleeper, clock);
+    so.instance_tags = std::make_shared<GuestAttributesWriter>(
+        [tagger, tag_cancel, &clock](const std::string& key, const std::string& value) {
+          CallContext ctx;
+          ctx.cancel = tag_cancel;
+          ctx.clock = &clock;
+          ctx.deadline = clock.Now() + std::chrono::seconds(20);
+          return tagger->SetTag("spotvisor-" + key, value, ctx);
+        },
+        [tag_cancel] { tag_cancel->Cancel(); },
+        [&logger](const Status& s) {
+          logger.Warn("instance_tags.failed",
+                      "cannot set the instance tag spotvisor-phase (the phase stays in the logs and status.json): " +
+                          s.message());
+        });
   }
   so.notifier = MakeSystemdNotifier();
   std::unique_ptr<Mounter> mounter;

@@ -21,21 +21,27 @@ std::string Env(const char* name) {
   return v ? v : "";
 }
 
-class Ec2Client final : public ComputeClient {
+class Ec2Client final : public ComputeClient, public Ec2Tagger {
  public:
   Ec2Client(std::string endpoint, Ec2InstanceRef i, std::unique_ptr<AwsCredentialProvider> creds, Sleeper& sleeper,
             const Clock& clock)
       : endpoint_(std::move(endpoint)), i_(std::move(i)), creds_(std::move(creds)), sleeper_(sleeper), clock_(clock),
         http_(MakeCurlHttpClient) {}
 
-  Status StopInstance(const CallContext& ctx) override { return Call("StopInstances", "stop", ctx); }
-  Status DeleteInstance(const CallContext& ctx) override { return Call("TerminateInstances", "terminate", ctx); }
+  Status StopInstance(const CallContext& ctx) override { return Call("StopInstances", "stop", "", ctx); }
+  Status DeleteInstance(const CallContext& ctx) override { return Call("TerminateInstances", "terminate", "", ctx); }
+  // Setting a tag to the value it has changes nothing: idempotent too.
+  Status SetTag(const std::string& key, const std::string& value, const CallContext& ctx) override {
+    return Call("CreateTags", "tag", fmt::format("&Tag.1.Key={}&Tag.1.Value={}", AwsUriEncode(key, false),
+                                                 AwsUriEncode(value.substr(0, 256), false)),
+                ctx);
+  }
 
  private:
   // Both actions are idempotent (stopping a stopping instance, terminating a
   // terminated one, changes nothing), so transient failures are retried,
   // briefly: if the API stays unreachable the caller powers off instead.
-  Status Call(const char* action, const char* verb, const CallContext& ctx) {
+  Status Call(const char* action, const char* verb, const std::string& extra, const CallContext& ctx) {
     LimitedErrorCountRetryPolicy retry(3);
     ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(4), 2.0);
     ContextSleeper sleeper(ctx, &sleeper_);
@@ -49,8 +55,10 @@ class Ec2Client final : public ComputeClient {
       req.method = "POST";
       req.url = endpoint_ + "/";
       req.timeout = std::chrono::seconds(30);
-      req.body = fmt::format("Action={}&InstanceId.1={}&Version={}", action, AwsUriEncode(i_.instance_id, false),
-                             kApiVersion);
+      // CreateTags names its instance as a resource; the others as an instance.
+      req.body = fmt::format("Action={}&{}.1={}{}&Version={}", action,
+                             std::string_view(action) == "CreateTags" ? "ResourceId" : "InstanceId",
+                             AwsUriEncode(i_.instance_id, false), extra, kApiVersion);
       req.headers = {{"Content-Type", "application/x-www-form-urlencoded; charset=utf-8"}};
       if (auto s = SignV4(req, *creds, i_.region, "ec2", Sha256Hex(req.body), clock_.WallNow()); !s.ok()) return s;
       auto r = http_.Send(req, ctx);
@@ -103,14 +111,28 @@ std::string RegionOfZone(const std::string& zone) {
   return parts[0] + "-" + parts[1] + "-" + digits;
 }
 
-std::unique_ptr<ComputeClient> MakeEc2ComputeClient(std::string endpoint, Ec2InstanceRef instance,
-                                                    std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
-                                                    const Clock& clock) {
+namespace {
+std::unique_ptr<Ec2Client> MakeClient(std::string endpoint, Ec2InstanceRef instance,
+                                      std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
+                                      const Clock& clock) {
   if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL_EC2");
   if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL");
   if (endpoint.empty()) endpoint = fmt::format("https://ec2.{}.amazonaws.com", instance.region);
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   return std::make_unique<Ec2Client>(std::move(endpoint), std::move(instance), std::move(credentials), sleeper, clock);
+}
+}  // namespace
+
+std::unique_ptr<ComputeClient> MakeEc2ComputeClient(std::string endpoint, Ec2InstanceRef instance,
+                                                    std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
+                                                    const Clock& clock) {
+  return MakeClient(std::move(endpoint), std::move(instance), std::move(credentials), sleeper, clock);
+}
+
+std::unique_ptr<Ec2Tagger> MakeEc2Tagger(std::string endpoint, Ec2InstanceRef instance,
+                                         std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
+                                         const Clock& clock) {
+  return MakeClient(std::move(endpoint), std::move(instance), std::move(credentials), sleeper, clock);
 }
 
 }  // namespace spotvisor

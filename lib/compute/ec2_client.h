@@ -24,6 +24,17 @@ std::unique_ptr<ComputeClient> MakeEc2ComputeClient(std::string endpoint, Ec2Ins
                                                     std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
                                                     const Clock& clock);
 
+// Instance tags on this instance (CreateTags), where an operator sees the
+// run's phase in the console or `aws ec2 describe-tags` without ssh.
+class Ec2Tagger {
+ public:
+  virtual ~Ec2Tagger() = default;
+  virtual Status SetTag(const std::string& key, const std::string& value, const CallContext& ctx) = 0;
+};
+std::unique_ptr<Ec2Tagger> MakeEc2Tagger(std::string endpoint, Ec2InstanceRef instance,
+                                         std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
+                                         const Clock& clock);
+
 // The region of an availability zone ("us-east-1a" -> "us-east-1"; local
 // and wavelength zones "us-west-2-lax-1a" -> "us-west-2"); "" if unsure.
 std::string RegionOfZone(const std::string& zone);

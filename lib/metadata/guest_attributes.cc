@@ -3,8 +3,19 @@
 namespace spotvisor {
 
 GuestAttributesWriter::GuestAttributesWriter(std::unique_ptr<MetadataClient> client,
-                                             std::function<void(const Status&)> on_error)
-    : client_(std::move(client)), on_error_(std::move(on_error)), thread_([this] { Run(); }) {}
+                                             std::function<void(const Status&)> on_error) {
+  std::shared_ptr<MetadataClient> shared(std::move(client));
+  put_ = [shared](const std::string& key, const std::string& value) {
+    return shared->PutGuestAttribute("spotvisor/" + key, value);
+  };
+  cancel_ = [shared] { shared->Cancel(); };
+  on_error_ = std::move(on_error);
+  thread_ = std::thread([this] { Run(); });
+}
+
+GuestAttributesWriter::GuestAttributesWriter(std::function<Status(const std::string&, const std::string&)> put,
+                                             std::function<void()> cancel, std::function<void(const Status&)> on_error)
+    : put_(std::move(put)), cancel_(std::move(cancel)), on_error_(std::move(on_error)), thread_([this] { Run(); }) {}
 
 GuestAttributesWriter::~GuestAttributesWriter() {
   {
@@ -13,7 +24,7 @@ GuestAttributesWriter::~GuestAttributesWriter() {
     stopping_ = true;
   }
   cv_.notify_all();
-  client_->Cancel();
+  if (cancel_) cancel_();
   thread_.join();
 }
 
@@ -41,7 +52,7 @@ void GuestAttributesWriter::Run() {
     pending_.erase(pending_.begin());
     busy_ = true;
     lk.unlock();
-    Status s = client_->PutGuestAttribute("spotvisor/" + key, value);
+    Status s = put_(key, value);
     lk.lock();
     busy_ = false;
     if (s.ok()) {

@@ -3,6 +3,7 @@
 // get-guest-attributes VM --query-path=spotvisor/` answers from a laptop.
 // Writes go out from a thread of their own, the latest value of each key
 // winning; a failure is reported once (through `on_error`), never fatal.
+// On EC2 the same writer sets instance tags instead.
 #pragma once
 
 #include <condition_variable>
@@ -20,6 +21,10 @@ namespace spotvisor {
 class GuestAttributesWriter {
  public:
   GuestAttributesWriter(std::unique_ptr<MetadataClient> client, std::function<void(const Status&)> on_error);
+  // The same, writing each KEY through `put` (EC2: an instance tag) and
+  // cutting a write short with `cancel` at the end.
+  GuestAttributesWriter(std::function<Status(const std::string& key, const std::string& value)> put,
+                        std::function<void()> cancel, std::function<void(const Status&)> on_error);
   ~GuestAttributesWriter();  // sends what is pending (for at most 2 s), then stops
 
   // Thread-safe; only changed values are sent.
@@ -28,7 +33,8 @@ class GuestAttributesWriter {
  private:
   void Run();
 
-  std::unique_ptr<MetadataClient> client_;
+  std::function<Status(const std::string&, const std::string&)> put_;
+  std::function<void()> cancel_;
   std::function<void(const Status&)> on_error_;
   std::mutex mu_;
   std::condition_variable cv_, idle_;

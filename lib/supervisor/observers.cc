@@ -58,6 +58,10 @@ void GuestAttributesObserver::OnChange(const RunView& v) {
   });
 }
 
+void InstanceTagObserver::OnChange(const RunView& v) {
+  writer_->Set({{"phase", v.reason.empty() ? v.phase : fmt::format("{} ({})", v.phase, v.reason)}});
+}
+
 std::string SystemdObserver::Summary(const RunView& v) {
   std::string status = v.phase;
   if (!v.reason.empty()) status += fmt::format(" ({})", v.reason);

@@ -80,6 +80,19 @@ class GuestAttributesObserver final : public RunObserver {
   std::shared_ptr<GuestAttributesWriter> writer_;
 };
 
+// On EC2: the phase (and how the run ended) as the instance tag
+// spotvisor-phase, seen in the console or `aws ec2 describe-tags` without
+// ssh. One tag, changed only when the phase or reason does (tags are not a
+// log: CreateTags is throttled per account).
+class InstanceTagObserver final : public RunObserver {
+ public:
+  explicit InstanceTagObserver(std::shared_ptr<GuestAttributesWriter> writer) : writer_(std::move(writer)) {}
+  void OnChange(const RunView& view) override;
+
+ private:
+  std::shared_ptr<GuestAttributesWriter> writer_;
+};
+
 // systemd (Type=notify): STATUS= when the summary changes, STOPPING=1 once
 // the run is ending, then EXTEND_TIMEOUT_USEC= every 10 s to cover the
 // current state's own deadline (+15 s, at least 30 s), so systemd's stop

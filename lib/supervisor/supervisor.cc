@@ -169,6 +169,7 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
   boot_id_ = BootId();
   observers_.push_back(std::make_unique<StatusFileObserver>(options_.config.state_dir, clock_, logger_));
   if (options_.guest_attributes) observers_.push_back(std::make_unique<GuestAttributesObserver>(options_.guest_attributes));
+  if (options_.instance_tags) observers_.push_back(std::make_unique<InstanceTagObserver>(options_.instance_tags));
   if (options_.notifier) observers_.push_back(std::make_unique<SystemdObserver>(io_, clock_, options_.notifier));
   if (options_.sync) {
     // From the worker moving the bytes: on to the loop. The pool is drained

@@ -50,6 +50,8 @@ struct SupervisorOptions {
   std::string compute_api = "the Compute Engine API";  // or "the EC2 API", for messages
   // The same state as status.json, as guest attributes; null without metadata.
   std::shared_ptr<GuestAttributesWriter> guest_attributes;
+  // EC2: the phase as the instance tag spotvisor-phase; null elsewhere.
+  std::shared_ptr<GuestAttributesWriter> instance_tags;
   // systemd's notify socket (Type=notify); null when not under systemd.
   std::shared_ptr<ServiceNotifier> notifier;
   // Every child spawned off the loop (mkfs, the FUSE daemon) is registered

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Fake Amazon EC2 Query API on loopback: StopInstances and TerminateInstances, what spotvisor's
-on-exit = stop | delete calls, signed with SigV4 and verified.
+on-exit = stop | delete calls, and CreateTags (the spotvisor-phase tag), signed with SigV4 and
+verified.
 
 Strict where EC2 is, for these two actions:
   - POST / with an application/x-www-form-urlencoded body (Action, Version, InstanceId.N); GET
@@ -19,7 +20,7 @@ Checked against boto3's EC2 client in test_fake_ec2.py.
 
   srv = FakeEc2Server(region="us-east-1", credentials={"AKID": "secret"}, instances=["i-0123"]).start()
   srv.endpoint                 # "http://127.0.0.1:PORT" (AWS_ENDPOINT_URL_EC2)
-  srv.calls() -> [(action, [instance ids])] ; srv.state(id) ; srv.deny(action) ; srv.stop()
+  srv.calls() -> [(action, [instance ids])] ; srv.state(id) ; srv.tags(id) ; srv.deny(action) ; srv.stop()
 """
 import hashlib
 import hmac
@@ -57,6 +58,7 @@ class FakeEc2Server:
                 self.add_credentials(akid, v)
         self._instances = {i: "running" for i in instances}
         self._calls = []
+        self._tags = {}
         self._denied = set()
         self._server = None
         self._thread = None
@@ -77,6 +79,10 @@ class FakeEc2Server:
     def calls(self):
         with self._lock:
             return list(self._calls)
+
+    def tags(self, instance_id):
+        with self._lock:
+            return dict(self._tags.get(instance_id, {}))
 
     def state(self, instance_id):
         with self._lock:
@@ -202,8 +208,37 @@ class FakeEc2Server:
             raise _Err(403, "SignatureDoesNotMatch", "The request signature we calculated does not match the "
                                                      "signature you provided.")
 
+    def _create_tags(self, params, rid):
+        if params.get("Version") != API_VERSION:
+            raise _Err(400, "InvalidParameterValue", f"unsupported Version {params.get('Version')!r}")
+        ids = [v for k, v in sorted(params.items()) if k.startswith("ResourceId.")]
+        tags = {}
+        n = 1
+        while f"Tag.{n}.Key" in params:
+            key, value = params[f"Tag.{n}.Key"], params.get(f"Tag.{n}.Value", "")
+            if not key or len(key) > 128 or len(value) > 256 or key.lower().startswith("aws:"):
+                raise _Err(400, "InvalidParameterValue", f"Tag {n} is not valid (key 1-128, value 0-256 characters, "
+                                                         "no aws: prefix)")
+            tags[key] = value
+            n += 1
+        if not ids or not tags:
+            raise _Err(400, "MissingParameter", "The request must contain the parameters ResourceId and Tag")
+        with self._lock:
+            self._calls.append(("CreateTags", ids))
+            if "CreateTags" in self._denied:
+                raise _Err(403, "UnauthorizedOperation", "You are not authorized to perform this operation.")
+            for i in ids:
+                if i not in self._instances:
+                    raise _Err(400, "InvalidID", f"The ID '{i}' is not valid")
+            for i in ids:
+                self._tags.setdefault(i, {}).update(tags)
+        return 200, (f'<?xml version="1.0" encoding="UTF-8"?>\n<CreateTagsResponse xmlns="http://ec2.amazonaws.com/doc/'
+                     f'{API_VERSION}/"><requestId>{rid}</requestId><return>true</return></CreateTagsResponse>')
+
     def _act(self, params, rid):
         action = params.get("Action", "")
+        if action == "CreateTags":
+            return self._create_tags(params, rid)
         if action not in ("StopInstances", "TerminateInstances"):
             raise _Err(400, "InvalidAction", f"The action {action} is not valid for this web service.")
         if params.get("Version") != API_VERSION:

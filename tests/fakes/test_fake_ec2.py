@@ -65,6 +65,15 @@ class Boto3Test(unittest.TestCase):
         self.assertEqual(self.code(lambda: self.client(akid="ASIAOLD", secret="s", token="t")
                                    .stop_instances(InstanceIds=["i-0aaa"])), "RequestExpired")
 
+    def test_create_tags(self):
+        self.client().create_tags(Resources=["i-0aaa"], Tags=[{"Key": "spotvisor-phase", "Value": "running"}])
+        self.assertEqual(self.srv.tags("i-0aaa"), {"spotvisor-phase": "running"})
+        self.assertEqual(self.code(lambda: self.client().create_tags(
+            Resources=["i-0aaa"], Tags=[{"Key": "aws:x", "Value": "v"}])), "InvalidParameterValue")
+        self.srv.deny("CreateTags")
+        self.assertEqual(self.code(lambda: self.client().create_tags(
+            Resources=["i-0aaa"], Tags=[{"Key": "k", "Value": "v"}])), "UnauthorizedOperation")
+
     def test_other_actions_are_refused(self):
         self.assertEqual(self.code(lambda: self.client().describe_instances()), "InvalidAction")
 

@@ -139,9 +139,23 @@ class Ec2Test(SpotvisorTestCase):
             self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
             self.assertIn("the EC2 API", p.wait_event("shutdown.start")["message"])
             p.wait_event("shutdown.api_done")
-            self.assertEqual(api.calls()[-1], (action, ["i-0abc123def4567890"]))
+            self.assertEqual([c for c in api.calls() if c[0] != "CreateTags"][-1], (action, ["i-0abc123def4567890"]))
             self.assertEqual(api.state("i-0abc123def4567890"), state)
             self.assertFalse(os.path.exists(self.path("off")), "no poweroff when the API did it")
+
+    def test_the_phase_is_an_instance_tag_and_a_denied_tag_is_said_once(self):
+        api = self.ec2_api()
+        p = self.vm(["--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
+        self.assertTrue(api.tags("i-0abc123def4567890")["spotvisor-phase"].startswith("done"),
+                        api.tags("i-0abc123def4567890"))
+        self.assertIn(("CreateTags", ["i-0abc123def4567890"]), api.calls())
+        api.deny("CreateTags")
+        p = self.vm(["--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
+        failed = p.find("instance_tags.failed")
+        self.assertEqual(len(failed), 1, "said once")
+        self.assertIn("ec2:CreateTags", failed[0]["message"])
 
     def test_a_denied_stop_powers_off_instead_naming_the_permission(self):
         api = self.ec2_api()
