@@ -269,6 +269,24 @@ Status AddCloudLogging(const ConfigResult& r, const MetadataSnapshot& metadata, 
   return OkStatus();
 }
 
+// What both bucket clients share. Google's guidance (and AWS's):
+// exponential backoff with jitter; a sync gives up after two minutes (the
+// next periodic sync tries again). Objects described as `gcloud storage ls
+// -L` shows them: JSON for the manifest and DONE, the trainer's own path on
+// each checkpoint object. sync-parallelism bounds every transfer, parts and
+// ranges included; the final sync inside a Spot window may use twice as many.
+template <typename Options>
+void SetTransferOptions(Options& o, const Config& c, const Clock& clock) {
+  o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
+  o.make_backoff = [] {
+    return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
+  };
+  o.describe = DescribeRunObject;
+  o.streams = c.sync_parallelism;
+  o.urgent_streams = std::min(64, 2 * c.sync_parallelism);
+  o.parallel_min_bytes = static_cast<std::size_t>(c.sync_parallel_min_size);
+}
+
 // The Cloud Storage JSON API client for gs://BUCKET, objects under `prefix`.
 std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bucket, const std::string& prefix, Mode mode,
                                           const Clock& clock) {
@@ -277,20 +295,7 @@ std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bu
   o.endpoint = StorageEndpoint(c.storage_endpoint, auth);
   o.bucket = bucket;
   o.prefix = prefix;
-  // Google's guidance: exponential backoff with jitter; a sync gives up
-  // after two minutes (the next periodic sync tries again).
-  o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
-  o.make_backoff = [] {
-    return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
-  };
-  // What `gcloud storage ls -L` shows: JSON for the manifest and DONE, the
-  // trainer's own path on each checkpoint object.
-  o.describe = DescribeRunObject;
-  // sync-parallelism bounds every transfer, parts and ranges included; the
-  // final sync inside a Spot window may use twice as many.
-  o.streams = c.sync_parallelism;
-  o.urgent_streams = std::min(64, 2 * c.sync_parallelism);
-  o.parallel_min_bytes = static_cast<std::size_t>(c.sync_parallel_min_size);
+  SetTransferOptions(o, c, clock);
   std::unique_ptr<TokenProvider> tokens =
       auth ? std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock))
            : MakeNoAuthTokenProvider();
@@ -304,14 +309,7 @@ std::unique_ptr<ObjectStore> MakeS3Store(const Config& c, const std::string& buc
   S3Options o;
   o.bucket = bucket;
   o.prefix = prefix;
-  o.make_retry = [&clock] { return std::make_unique<LimitedTimeRetryPolicy>(std::chrono::minutes(2), clock); };
-  o.make_backoff = [] {
-    return std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(500), std::chrono::seconds(32), 2.0);
-  };
-  o.describe = DescribeRunObject;
-  o.streams = c.sync_parallelism;
-  o.urgent_streams = std::min(64, 2 * c.sync_parallelism);
-  o.parallel_min_bytes = static_cast<std::size_t>(c.sync_parallel_min_size);
+  SetTransferOptions(o, c, clock);
   o.clock = &clock;
   auto creds = DefaultAwsCredentials(clock);
   // A malformed key in the environment: every request fails with the reason.

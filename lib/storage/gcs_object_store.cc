@@ -595,7 +595,6 @@ class GcsObjectStore final : public ObjectStore {
       return Retry(ctx, Idempotency::kIdempotent, [&]() -> Status {
         ctx.Moved(-static_cast<std::int64_t>(counted));
         counted = 0;
-        Range r;
         std::string url = ObjectUrl(name) + "?alt=media";
         {
           std::lock_guard lk(mu);
@@ -605,21 +604,11 @@ class GcsObjectStore final : public ObjectStore {
         req.headers = {{"Range", fmt::format("bytes={}-{}", first, last)}};
         req.timeout = std::chrono::hours(24);  // bounded by low_speed_limit instead
         req.low_speed_limit = 1024;
-        Status write_error;
-        req.on_body = [&](std::string_view chunk) {
-          if (r.got + chunk.size() > last - first + 1) {
-            write_error = UnavailableError(fmt::format("downloading {}: more bytes than the range asked for", Url(name)));
-            return false;
-          }
-          r.crc = Crc32cExtend(r.crc, chunk);
-          write_error = WriteAt(f.fd, first + r.got, chunk, path);
-          r.got += chunk.size();
-          counted += chunk.size();
-          ctx.Moved(static_cast<std::int64_t>(chunk.size()));
-          return write_error.ok();
-        };
+        const std::string where = Url(name);
+        RangeWriter r{f.fd, first, last - first + 1, path, where, ctx, counted};
+        req.on_body = [&r](std::string_view chunk) { return r.Feed(chunk); };
         auto resp = Send(req, ctx);
-        if (!write_error.ok()) return write_error;
+        if (!r.error.ok()) return r.error;
         if (!resp.ok()) return resp.status();
         if (resp->status != 206) {
           if (resp->status == 200) {
@@ -638,7 +627,7 @@ class GcsObjectStore final : public ObjectStore {
         std::lock_guard lk(mu);
         if (generation == 0) generation = HeaderGeneration(*resp);
         if (server) whole_crc = *server;
-        ranges[i] = r;
+        ranges[i] = Range{r.crc, r.got};
         return OkStatus();
       });
     };

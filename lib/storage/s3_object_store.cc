@@ -564,27 +564,16 @@ class S3ObjectStore final : public ObjectStore {
       return Retry(ctx, [&]() -> Status {
         ctx.Moved(-static_cast<std::int64_t>(counted));
         counted = 0;
-        Range rg;
         std::vector<std::pair<std::string, std::string>> h = {{"Range", fmt::format("bytes={}-{}", first, last)}};
         {
           std::lock_guard lk(mu);
           if (!etag.empty()) h.emplace_back("If-Match", "\"" + etag + "\"");
         }
-        Status write_error;
-        auto on_body = [&](std::string_view chunk) {
-          if (rg.got + chunk.size() > last - first + 1) {
-            write_error = UnavailableError(fmt::format("downloading {}: more bytes than the range asked for", Url(name)));
-            return false;
-          }
-          rg.crc = Crc32cExtend(rg.crc, chunk);
-          write_error = WriteAt(f.fd, first + rg.got, chunk, path);
-          rg.got += chunk.size();
-          counted += chunk.size();
-          ctx.Moved(static_cast<std::int64_t>(chunk.size()));
-          return write_error.ok();
-        };
+        const std::string where = Url(name);
+        RangeWriter rg{f.fd, first, last - first + 1, path, where, ctx, counted};
+        auto on_body = [&rg](std::string_view chunk) { return rg.Feed(chunk); };
         auto r = Call("GET", Key(name), "", h, "", ctx, on_body);
-        if (!write_error.ok()) return write_error;
+        if (!rg.error.ok()) return rg.error;
         if (!r.ok()) return r.status();
         if (r->status == 412) {
           return FailedPreconditionError(fmt::format("downloading {}: the object was replaced during the download", Url(name)));
@@ -602,7 +591,7 @@ class S3ObjectStore final : public ObjectStore {
         if (rg.got != last - first + 1) return UnavailableError(fmt::format("downloading {}: a range came back short", Url(name)));
         std::lock_guard lk(mu);
         if (etag.empty()) etag = Unquote(r->Header("etag"));
-        ranges[i] = rg;
+        ranges[i] = Range{rg.crc, rg.got};
         return OkStatus();
       });
     };

@@ -71,20 +71,14 @@ std::string HmacSha256(std::string_view key, std::string_view data) {
 }
 
 std::string AwsUriEncode(std::string_view s, bool keep_slash) {
-  static const char* digits = "0123456789ABCDEF";
+  // AWS's unreserved set is RFC 3986's, which UrlEncode keeps.
+  if (!keep_slash) return UrlEncode(s);
   std::string out;
-  out.reserve(s.size());
-  for (unsigned char c : s) {
-    bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-                 c == '_' || c == '~' || (keep_slash && c == '/');
-    if (plain) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += digits[c >> 4];
-      out += digits[c & 15];
-    }
+  for (auto const& segment : SplitOn(s, '/')) {
+    out += UrlEncode(segment);
+    out += '/';
   }
+  out.pop_back();
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "common/strings.h"
+#include "storage/crc32c.h"
 
 namespace spotvisor {
 
@@ -51,6 +52,19 @@ StatusOr<int> CreateForRanges(const std::string& path, std::uint64_t size) {
     return st.code() == StatusCode::kInternal ? FailedPreconditionError(st.message()) : st;
   }
   return fd;
+}
+
+bool RangeWriter::Feed(std::string_view chunk) {
+  if (got + chunk.size() > length) {
+    error = UnavailableError("downloading " + what + ": more bytes than the range asked for");
+    return false;
+  }
+  crc = Crc32cExtend(crc, chunk);
+  error = WriteAt(fd, first + got, chunk, path);
+  got += chunk.size();
+  counted += chunk.size();
+  ctx.Moved(static_cast<std::int64_t>(chunk.size()));
+  return error.ok();
 }
 
 std::optional<std::uint64_t> ParseContentRangeTotal(const std::string& h) {

@@ -45,6 +45,27 @@ Status WriteAt(int fd, std::uint64_t offset, std::string_view data, const std::s
 // (ranges in parallel). A full disk is kFailedPrecondition.
 StatusOr<int> CreateForRanges(const std::string& path, std::uint64_t size);
 
+// One byte range of a download being written in place: bytes
+// [first, first + length) of the file `fd`, its crc32c and length kept as
+// the chunks arrive, each chunk reported to the context. Feed is an
+// HttpRequest::on_body; after the request, `error` says why it stopped
+// early (more bytes than asked for, a local write error).
+struct RangeWriter {
+  RangeWriter(int fd_, std::uint64_t first_, std::uint64_t length_, const std::string& path_, const std::string& what_,
+              const CallContext& ctx_, std::uint64_t& counted_)
+      : fd(fd_), first(first_), length(length_), path(path_), what(what_), ctx(ctx_), counted(counted_) {}
+  int fd;
+  std::uint64_t first, length;
+  const std::string& path;
+  const std::string& what;  // "s3://b/o", for the message
+  const CallContext& ctx;
+  std::uint64_t& counted;  // bytes reported by this attempt, taken back on a retry
+  std::uint32_t crc = 0;
+  std::uint64_t got = 0;
+  Status error;
+  bool Feed(std::string_view chunk);
+};
+
 // "bytes FIRST-LAST/TOTAL" -> TOTAL.
 std::optional<std::uint64_t> ParseContentRangeTotal(const std::string& h);
 
