@@ -586,6 +586,12 @@ ConfigResult LoadConfig(const EngineOptions& o, const MetadataSnapshot& metadata
   auto r = ResolveConfig(in);
   r.errors.insert(r.errors.begin(), file_errors.begin(), file_errors.end());
   r.errors.insert(r.errors.end(), metadata.errors.begin(), metadata.errors.end());
+  if (auto it = r.values.find("cloud"); it != r.values.end() &&
+      (it->second.source == ConfigSource::kProjectMetadata || it->second.source == ConfigSource::kInstanceMetadata)) {
+    r.warnings.push_back(fmt::format("{}: ignored: which cloud's metadata to read is decided before metadata is read; "
+                                     "set cloud in the config file or with --set",
+                                     it->second.origin));
+  }
   if (!file_errors.empty()) r.config.reset();
   return r;
 }

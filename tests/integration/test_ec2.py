@@ -114,6 +114,11 @@ class Ec2Test(SpotvisorTestCase):
         self.assertEqual(keys["run-id"]["origin"], "instance tag spotvisor-run-id")
         self.assertEqual(keys["max-restarts"]["value"], "7")
         self.assertEqual(keys["max-restarts"]["origin"], "user data spotvisor-max-restarts")
+        # The cloud cannot come from the metadata it decides to read: said, not silently taken.
+        self.imds.set_tags({"spotvisor-bucket": f"s3://{BUCKET}/runs", "spotvisor-cloud": "gce"})
+        warned = subprocess.run([SPOTVISOR, "config", "--set", "command=true"], capture_output=True, text=True,
+                                env=env, timeout=60)
+        self.assertIn("instance tag spotvisor-cloud: ignored", warned.stderr)
         # A section that does not parse, and a tag that cannot be a key: errors naming them.
         self.imds.set_user_data("[spotvisor]\nthis is not a key value line\n")
         self.imds.set_tags({"spotvisor-Bad Key": "x"})
