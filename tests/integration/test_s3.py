@@ -160,6 +160,20 @@ class S3SyncTest(test_sync.FileSyncTest):
         p.signal(signal.SIGTERM)
         p.wait_exit()
 
+    def test_a_conditional_write_conflict_on_the_manifest_is_retried(self):
+        # S3 answers 409 ConditionalRequestConflict to one of two racing conditional writes: the
+        # commit is tried again (and then meets 412 if the other writer won, handled as above).
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/w"), "w") as f:
+            f.write("w")
+        self.s3.fault("put", code=409, error="ConditionalRequestConflict", count=1,
+                      key_prefix=self.PREFIX + "manifest.json")
+        p = self.vm(["--run-for", "10"])
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw[-20:]))
+        puts = [e for e in self.s3.requests() if e["method"] == "PUT" and e["key"] == self.PREFIX + "manifest.json"]
+        self.assertEqual([e["status"] for e in puts[:2]], [409, 200])
+        self.assertEqual(self.manifest()["sequence"], 1)
+
     def test_a_wrong_secret_is_named_and_never_printed(self):
         env = dict(self.extra_env, AWS_SECRET_ACCESS_KEY="not-the-secret-0123456789")
         p = self.run_trainer(["--run-for", "10"], sets={"bucket": self.bucket(), "run-id": "run1",
