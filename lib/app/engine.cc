@@ -96,8 +96,7 @@ bool PlainValue(std::string_view v) {
 // EC2: identity, tags (spotvisor-KEY or spotvisor:KEY) as the instance layer,
 // the user data's [spotvisor] section as the project layer, and whether an
 // interruption notice is already there.
-StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds) {
-  const CallContext& ctx = Background();
+StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds, const CallContext& ctx) {
   MetadataSnapshot m;
   auto id = imds.Get("meta-data/instance-id", ctx);
   if (!id.ok()) return id.status();
@@ -147,7 +146,7 @@ StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds) {
   }
   auto action = imds.Get("meta-data/spot/instance-action", ctx);
   if (action.ok()) {
-    m.ec2_interruption = output::EscapeInvalidUtf8(action->substr(0, 500));
+    // Already being taken: no trainer start (the watcher's first poll gives the deadline).
     m.preempted = MetadataValue{"TRUE", ""};
   } else if (action.status().code() != StatusCode::kNotFound) {
     return action.status();
@@ -498,7 +497,7 @@ bool EnvSet(const char* name) {
 }  // namespace
 
 StatusOr<MetadataSnapshot> LoadCloud(const EngineOptions& o, MetadataClient& gce, ImdsClient& imds, Logger& logger,
-                                     Sleeper& sleeper) {
+                                     Sleeper& sleeper, const CallContext& ctx) {
   std::string cloud = CloudKey(o);
   bool required = MetadataRequired(o.mode) || EnvSet("AWS_EC2_METADATA_SERVICE_ENDPOINT");
   if (cloud == "auto" || cloud.empty()) {
@@ -515,7 +514,7 @@ StatusOr<MetadataSnapshot> LoadCloud(const EngineOptions& o, MetadataClient& gce
   auto probe = [&]() -> std::pair<StatusOr<MetadataSnapshot>, StatusOr<MetadataSnapshot>> {
     std::future<StatusOr<MetadataSnapshot>> g;
     if (cloud != "aws") g = std::async(std::launch::async, [&] { return FetchOnce(gce); });
-    auto a = cloud != "gce" ? FetchEc2Once(imds) : StatusOr<MetadataSnapshot>(UnavailableError("not asked"));
+    auto a = cloud != "gce" ? FetchEc2Once(imds, ctx) : StatusOr<MetadataSnapshot>(UnavailableError("not asked"));
     auto gr = g.valid() ? g.get() : StatusOr<MetadataSnapshot>(UnavailableError("not asked"));
     return {std::move(gr), std::move(a)};
   };
@@ -643,10 +642,12 @@ int RunEngine(const EngineOptions& options) {
   CancellableSleeper sleeper;
   auto metadata_client = NewMetadataClient(options.mode);
   auto imds = MakeImdsClient(ImdsOptions{}, clock);
+  CallContext boot_ctx;
+  boot_ctx.cancel = std::make_shared<CancelSource>();
   std::optional<StatusOr<MetadataSnapshot>> loaded;
   int stop_signal = 0;
   std::thread bootstrap = StartSignalFreeThread([&] {
-    auto m = LoadCloud(options, *metadata_client, *imds, logger, sleeper);
+    auto m = LoadCloud(options, *metadata_client, *imds, logger, sleeper, boot_ctx);
     asio::post(io, [&, m = std::move(m)]() mutable {
       loaded = std::move(m);
       signals.cancel();
@@ -661,6 +662,7 @@ int RunEngine(const EngineOptions& options) {
     stop_signal = signo;
     sleeper.Cancel();
     metadata_client->Cancel();
+    boot_ctx.cancel->Cancel();
   };
   signals.async_wait(on_signal);
   {
@@ -914,7 +916,7 @@ int PrintConfig(const EngineOptions& options, bool json) {
   auto imds = MakeImdsClient(ImdsOptions{}, clock);
   EngineOptions probe = options;
   probe.mode = Mode::kConfig;
-  auto metadata = LoadCloud(probe, *client, *imds, logger, sleeper);
+  auto metadata = LoadCloud(probe, *client, *imds, logger, sleeper, Background());
   MetadataSnapshot snapshot;
   std::vector<std::string> extra_errors;
   if (metadata.ok()) {

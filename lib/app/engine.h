@@ -41,8 +41,6 @@ struct MetadataSnapshot {
   bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE
   std::string cloud;  // "gce", "aws", or "" (no metadata service)
   std::string region;  // EC2: placement/region
-  // EC2: the instance-action notice was already there at boot (its body).
-  std::string ec2_interruption;
   // EC2: instance-metadata tags are not enabled (tags/instance is 404).
   bool ec2_tags_hidden = false;
   // Problems with a metadata layer itself (a user-data section that does
@@ -66,8 +64,10 @@ StatusOr<MetadataSnapshot> LoadMetadata(MetadataClient& client, bool required, L
 // both services are asked at once) and its metadata. Required as
 // LoadMetadata says (and on EC2 when its endpoint is set).
 class ImdsClient;
+// `ctx` cuts the EC2 requests short (a stop while starting); the GCE client
+// is cancelled through its own Cancel().
 StatusOr<MetadataSnapshot> LoadCloud(const EngineOptions& options, MetadataClient& gce, ImdsClient& imds, Logger& logger,
-                                     Sleeper& sleeper);
+                                     Sleeper& sleeper, const CallContext& ctx);
 
 // Layers file < project (EC2: user data) < instance (EC2: tags) < command
 // line, with mode-dependent defaults.

@@ -22,6 +22,7 @@ Checked against boto3's EC2 client in test_fake_ec2.py.
   srv.endpoint                 # "http://127.0.0.1:PORT" (AWS_ENDPOINT_URL_EC2)
   srv.calls() -> [(action, [instance ids])] ; srv.state(id) ; srv.tags(id) ; srv.deny(action) ; srv.stop()
 """
+import calendar
 import hashlib
 import hmac
 import http.server
@@ -47,8 +48,9 @@ def _xml_escape(s):
 
 
 class FakeEc2Server:
-    def __init__(self, host="127.0.0.1", port=0, region="us-east-1", credentials=None, instances=()):
-        self.host, self.port, self.region = host, port, region
+    def __init__(self, host="127.0.0.1", port=0, region="us-east-1", credentials=None, instances=(),
+                 clock=time.time):
+        self.host, self.port, self.region, self.clock = host, port, region, clock
         self._lock = threading.Lock()
         self._creds = {}
         for akid, v in (credentials or {}).items():
@@ -183,11 +185,17 @@ class FakeEc2Server:
         if token is not None:
             if h.headers.get("X-Amz-Security-Token") != token:
                 raise _Err(401, "AuthFailure", "AWS was not able to validate the provided access credentials")
-            if expires_at is not None and time.time() >= expires_at:
+            if expires_at is not None and self.clock() >= expires_at:
                 raise _Err(400, "RequestExpired", "Request has expired.")
         amz_date = h.headers.get("X-Amz-Date", "")
         if not amz_date.startswith(date):
             raise _Err(400, "AuthFailure", "X-Amz-Date does not match the credential's date")
+        try:
+            sent = calendar.timegm(time.strptime(amz_date, "%Y%m%dT%H%M%SZ"))
+        except ValueError:
+            raise _Err(400, "AuthFailure", "X-Amz-Date is not a date")
+        if abs(self.clock() - sent) > 15 * 60:  # as EC2: a request signed more than 15 min away
+            raise _Err(400, "RequestExpired", "Request has expired.")
         signed = fields.get("SignedHeaders", "").split(";")
         if "host" not in signed:
             raise _Err(400, "AuthFailure", "host must be signed")

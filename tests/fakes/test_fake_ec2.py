@@ -74,6 +74,14 @@ class Boto3Test(unittest.TestCase):
         self.assertEqual(self.code(lambda: self.client().create_tags(
             Resources=["i-0aaa"], Tags=[{"Key": "k", "Value": "v"}])), "UnauthorizedOperation")
 
+    def test_a_request_signed_with_a_skewed_clock_is_refused(self):
+        import time
+        self.srv.clock = lambda: time.time() + 20 * 60  # the server's clock 20 min ahead of the signer's
+        self.assertEqual(self.code(lambda: self.client().stop_instances(InstanceIds=["i-0aaa"])), "RequestExpired")
+        self.assertEqual(self.srv.state("i-0aaa"), "running")
+        self.srv.clock = lambda: time.time() + 5 * 60  # within 15 min: accepted
+        self.client().stop_instances(InstanceIds=["i-0aaa"])
+
     def test_other_actions_are_refused(self):
         self.assertEqual(self.code(lambda: self.client().describe_instances()), "InvalidAction")
 
