@@ -27,6 +27,7 @@
 #include "common/worker_pool.h"
 #include "log/async_sink.h"
 #include "log/cloud_logging_sink.h"
+#include "log/cloudwatch_logs_sink.h"
 #include "log/journald_sink.h"
 #include "config/config_file.h"
 #include "metadata/ec2_notices.h"
@@ -245,14 +246,40 @@ std::unique_ptr<MetadataClient> NewMetadataClient(Mode mode) {
 }
 
 // log-to, read from the raw values so that it works even when some other
-// key is invalid (the error itself must reach Cloud Logging).
+// key is invalid (the error itself must reach the log API). On GCE the
+// Cloud Logging API, on EC2 CloudWatch Logs.
 Status AddCloudLogging(const ConfigResult& r, const MetadataSnapshot& metadata, Mode mode, const Clock& clock, Logger& logger) {
   auto raw = [&](const char* key) { return std::string(Trim(r.values.at(key).value)); };
   std::string log_to = raw("log-to");
   if (!(log_to == "api" || (log_to == "auto" && metadata.default_address))) return OkStatus();
   if (!metadata.available) {
     return FailedPreconditionError(
-        "log-to: api needs the metadata server (project, zone, instance id and a token), which is not there");
+        "log-to: api needs a metadata server (GCE: project, zone, instance id and a token; EC2: instance id and "
+        "region), and none answered");
+  }
+  if (metadata.cloud == "aws") {
+    if (metadata.region.empty()) {
+      return FailedPreconditionError("log-to: api on EC2 needs the region, and the instance metadata did not say it");
+    }
+    CloudWatchLogsOptions co;
+    co.region = metadata.region;
+    co.endpoint = CloudWatchLogsEndpoint(co.region);
+    co.instance_id = metadata.instance_id;
+    // An invalid log-group is a config error of its own; the default then,
+    // so that error still reaches CloudWatch.
+    co.log_group = r.config ? r.config->log_group : raw("log-group");
+    if (!ValidLogGroupName(co.log_group)) co.log_group = "spotvisor";
+    if (r.config) co.labels = r.config->log_labels;
+    auto creds = DefaultAwsCredentials(clock);
+    std::unique_ptr<AwsCredentialProvider> provider =
+        creds.ok() ? std::move(*creds) : std::make_unique<FailingAwsCredentials>(creds.status());
+    auto sink = std::make_unique<CloudWatchLogsSink>(co, std::move(provider), MakeCurlHttpClient(), clock);
+    std::string events = sink->StreamName(false), trainer = sink->StreamName(true);
+    logger.AddSink(std::move(sink));
+    logger.Info("log.api", fmt::format("logging to CloudWatch Logs ({}) in log group {}, streams {} and {}",
+                                       co.endpoint, co.log_group, events, trainer),
+                {{"service", "cloudwatch-logs"}, {"log_group", co.log_group}});
+    return OkStatus();
   }
   CloudLoggingOptions lo;
   lo.endpoint = r.config ? r.config->logging_endpoint : raw("logging-endpoint");
@@ -685,8 +712,10 @@ int RunEngine(const EngineOptions& options) {
   }
   MetadataSnapshot metadata = **std::move(loaded);
   {
-    const char* host = std::getenv("GCE_METADATA_HOST");
-    metadata.default_address = metadata.cloud == "gce" && (host == nullptr || *host == '\0');
+    // Answered at the link-local address itself, not at an override: we
+    // are on that cloud (log-to = auto writes to its log API).
+    metadata.default_address = (metadata.cloud == "gce" && !EnvSet("GCE_METADATA_HOST")) ||
+                               (metadata.cloud == "aws" && !EnvSet("AWS_EC2_METADATA_SERVICE_ENDPOINT"));
   }
   const bool on_gce = metadata.available && metadata.cloud == "gce";
   const bool on_aws = metadata.available && metadata.cloud == "aws";

@@ -38,7 +38,7 @@ struct MetadataSnapshot {
   std::map<std::string, std::string> scheduling;  // instance/scheduling/?recursive=true (GCE's own limits, if given)
   std::string project_id, zone;  // zone: the last segment of instance/zone
   std::string instance_id;
-  bool default_address = false;  // answered at 169.254.169.254 itself: we are on GCE
+  bool default_address = false;  // answered at 169.254.169.254 itself (no override): we are on GCE or EC2
   std::string cloud;  // "gce", "aws", or "" (no metadata service)
   std::string region;  // EC2: placement/region
   // EC2: instance-metadata tags are not enabled (tags/instance is 404).

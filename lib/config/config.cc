@@ -11,6 +11,7 @@
 
 #include "common/duration.h"
 #include "common/strings.h"
+#include "log/cloudwatch_logs_sink.h"
 #include "config/keys.h"
 #include "mount/mounter.h"
 #include "output/utf8.h"
@@ -349,6 +350,11 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
                    c.log_to);
   c.logging_endpoint = std::string(Trim(res.Get("logging-endpoint").value));
   while (!c.logging_endpoint.empty() && c.logging_endpoint.back() == '/') c.logging_endpoint.pop_back();
+  c.log_group = std::string(Trim(res.Get("log-group").value));
+  if (!ValidLogGroupName(c.log_group)) {
+    res.Error("log-group", fmt::format("\"{}\" is not a CloudWatch Logs group name (1 to 512 of A-Z a-z 0-9 _ - / . #)",
+                                       Shown(c.log_group)));
+  }
   for (auto const& raw : SplitLines(res.Get("log-labels").value)) {
     auto line = Trim(raw);
     if (line.empty() || line.front() == '#') continue;

@@ -68,6 +68,7 @@ struct Config {
   LogTo log_to = LogTo::kAuto;
   std::string cloud = "auto";  // auto | gce | aws
   std::string logging_endpoint;
+  std::string log_group;  // CloudWatch Logs, on EC2
   std::map<std::string, std::string> log_labels;
   std::string bucket;  // empty: no checkpoint sync
   std::chrono::milliseconds sync_interval{600'000};

@@ -97,10 +97,13 @@ const std::vector<KeySpec>& AllKeys() {
       {"mount-options", "", "Extra command-line flags for the mount driver, separated by spaces"},
       {"mount-timeout", "60s", "How long to wait for a disk to appear, and for the bucket mount to be ready"},
       {"log-to", "auto",
-       "auto (on GCE: the Cloud Logging API and stdout; elsewhere stdout) | stdout | api (and stdout) | journald "
-       "(native journal fields instead of stdout)"},
+       "auto (on GCE: the Cloud Logging API and stdout; on EC2: CloudWatch Logs and stdout; elsewhere stdout) | "
+       "stdout | api (and stdout) | journald (native journal fields instead of stdout)"},
       {"logging-endpoint", "https://logging.googleapis.com",
        "Cloud Logging API endpoint; /v2/entries:write is appended"},
+      {"log-group", "spotvisor",
+       "On EC2: the CloudWatch Logs log group (created if missing); streams INSTANCE_ID/spotvisor and "
+       "INSTANCE_ID/spotvisor-trainer"},
       {"log-labels", "", "Extra labels on every log entry, one NAME=value per line (e.g. experiment=lr-sweep)"},
       {"log-format", "auto",
        "auto (text on a terminal, else JSON lines) | json | text"},

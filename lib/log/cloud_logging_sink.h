@@ -24,6 +24,7 @@
 
 #include "common/clock.h"
 #include "http/http_client.h"
+#include "log/batching_sink.h"
 #include "log/logger.h"
 #include "retry/sleeper.h"
 #include "storage/token_provider.h"
@@ -42,19 +43,11 @@ struct CloudLoggingOptions {
   std::chrono::milliseconds retry_budget{30'000};          // per batch, then it is dropped and counted
 };
 
-class CloudLoggingSink final : public LogSink {
+class CloudLoggingSink final : public BatchingSink {
  public:
   CloudLoggingSink(CloudLoggingOptions options, std::unique_ptr<TokenProvider> tokens,
                    std::unique_ptr<HttpClient> http);
-  ~CloudLoggingSink() override;  // flushes for at most 5 s
-
-  void Write(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels) override;
-  void Flush(std::chrono::milliseconds timeout) override;
-
-  struct Counters {
-    std::uint64_t sent = 0, dropped = 0, failed_batches = 0, requests = 0;
-  };
-  Counters counters() const;
+  ~CloudLoggingSink() override;  // flushes for at most 1 s more
 
   // The entries for one event (exposed for tests): logName
   // spotvisor-trainer for trainer output, spotvisor for everything else.
@@ -66,15 +59,10 @@ class CloudLoggingSink final : public LogSink {
                                           const std::map<std::string, std::string>& labels) const;
 
  private:
-  struct Queued {
-    LogEvent event;
-    WallTime time;
-    std::map<std::string, std::string> labels;
-  };
-  void Run();
-  // `entries`: serialised entries, each exactly once (serialising was most
-  // of the cost per line).
-  bool SendBatch(const std::vector<std::string>& entries);
+  void Encode(const LogEvent& e, WallTime time, const std::map<std::string, std::string>& labels,
+              std::vector<Entry>& out) override;
+  SendResult Send(std::vector<Entry>& batch) override;
+  void Interrupt() override;
 
   CloudLoggingOptions o_;
   std::unique_ptr<TokenProvider> tokens_;
@@ -86,16 +74,6 @@ class CloudLoggingSink final : public LogSink {
   // one, so resending a batch whose answer was lost adds no duplicates.
   const std::string insert_prefix_;
   mutable std::atomic<std::uint64_t> next_insert_{0};
-  mutable std::mutex mu_;
-  std::condition_variable cv_, idle_;
-  std::deque<Queued> queue_;  // raw: entries are built on the writer thread, not the caller's
-  std::uint64_t unreported_drops_ = 0;
-  bool sending_ = false;
-  bool flush_requested_ = false;
-  bool stopping_ = false;
-  Counters counters_;
-  std::string stderr_note_;  // the last delivery problem, said once on stderr
-  std::thread thread_;
 };
 
 // "projects/P/logs/NAME", NAME URL-encoded as the API requires.
