@@ -392,5 +392,77 @@ class S3PullTest(SpotvisorTestCase):
         self.assertIn("done", runs.stdout)
 
 
+
+class S3TwoVmsTest(SpotvisorTestCase):
+    """Two live daemons on one run-id, both committing to S3: the conditional writes fence the loser,
+    as ifGenerationMatch does on Cloud Storage (test_checkpoints.py has the GCS twin)."""
+    BUCKET = "ckpt-bucket"
+    PREFIX = "exp/run1/"
+
+    def setUp(self):
+        super().setUp()
+        from fake_s3 import FakeS3Server
+        self.s3 = FakeS3Server(buckets=[self.BUCKET], credentials={AKID: SECRET}).start()
+        self.addCleanup(self.s3.stop)
+        self.env_s3 = {"AWS_ENDPOINT_URL_S3": self.s3.endpoint, "AWS_ACCESS_KEY_ID": AKID,
+                       "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+
+    def vm(self, ckpt, state):
+        from test_checkpoints import PYTHON, TRAINER
+        sets = {"bucket": f"s3://{self.BUCKET}/exp", "run-id": "run1", "checkpoint-dir": self.path(ckpt),
+                "state-dir": self.path(state), "sync-interval": "0", "sync-settle": "2s"}
+        args = (["run"] + self.base_sets(**sets) + ["--", PYTHON, TRAINER, "--log", self.path(f"{ckpt}.log")]
+                + ["--layout", "two", "--every", "0.3", "--marker", "--size", "20000"])
+        return self.start(args, env=self.env_s3)
+
+    def trainer_log(self, ckpt):
+        try:
+            with open(self.path(f"{ckpt}.log")) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def committed(self):
+        m = json.loads(self.s3.get_object_bytes(self.BUCKET, self.PREFIX + "manifest.json"))
+        return m, {f["path"]: self.s3.get_object_bytes(self.BUCKET, self.PREFIX + f["object"]) for f in m["files"]}
+
+    def uploads_by(self, since):
+        return [e for e in self.s3.requests()[since:] if e["method"] in ("PUT", "POST")]
+
+    def test_two_vms_on_one_run_id_the_loser_is_fenced_and_never_touches_the_winner(self):
+        a = self.vm("a", "sa")
+        b = self.vm("b", "sb")
+        for name in ("a", "b"):
+            wait_until(lambda n=name: "saved 2" in self.trainer_log(n), what=f"{name} saved")
+        # Both ask for their first commit at once: If-None-Match: * lets exactly one through.
+        a.signal(signal.SIGUSR1)
+        b.signal(signal.SIGUSR1)
+        wait_until(lambda: a.find("sync.complete", kind="on-demand") or a.find("sync.fenced"), what="a's sync to end")
+        wait_until(lambda: b.find("sync.complete", kind="on-demand") or b.find("sync.fenced"), what="b's sync to end")
+        won = [p for p in (a, b) if p.find("sync.complete", kind="on-demand")]
+        lost = [p for p in (a, b) if p.find("sync.fenced")]
+        self.assertEqual((len(won), len(lost)), (1, 1), "exactly one commit won")
+        winner, loser = won[0], lost[0]
+        fenced = loser.find("sync.fenced")[0]
+        self.assertIn("another VM is using run-id", fenced["message"])
+        manifest, files = self.committed()
+        mark = len(self.s3.requests())
+        loser.signal(signal.SIGUSR1)
+        loser.wait_event("sync.skipped", kind="on-demand")
+        self.assertEqual(self.uploads_by(mark), [], "a fenced VM writes nothing more")
+        self.assertEqual(self.committed(), (manifest, files), "the winner's checkpoint, byte for byte")
+        loser.signal(signal.SIGTERM)
+        loser.wait_exit()
+        self.assertEqual(len(loser.find("sync.fenced")), 1, "said once")
+        self.assertFalse([e for e in self.s3.requests() if e["method"] == "PUT" and e["key"] == self.PREFIX + "DONE"],
+                         "no DONE written by anyone")
+        # The winner goes on committing over its own manifest.
+        winner.signal(signal.SIGUSR1)
+        wait_until(lambda: len(winner.find("sync.complete", kind="on-demand")) >= 2, what="the winner's next commit")
+        self.assertGreater(self.committed()[0]["sequence"], manifest["sequence"])
+        winner.signal(signal.SIGTERM)
+        winner.wait_exit()
+
+
 if __name__ == "__main__":
     unittest.main()
