@@ -4,15 +4,26 @@ Everything the guest can reach is a fake on this host's loopback, through
 QEMU's user-mode network with restrict=on: the guest reaches nothing else (not
 the host's other ports, not the outside world; a default endpoint that a test
 forgot to override fails instead of leaving the machine), only these forwards,
-each connection a socat of its own (guestfwd's cmd: form):
+each connection a socat of its own (guestfwd's cmd: form). A GCE scenario
+(Fakes):
 
   169.254.169.254:80        fake_metadata.py
   FAKES_ADDR:GCS_PORT       fake_gcs.py       (127.0.0.1:GCS_PORT on the host)
   FAKES_ADDR:LOGGING_PORT   fake_logging.py   (127.0.0.1:LOGGING_PORT on the host)
 
-FAKES_ADDR is another address on the guest's link rather than the user
-network's gateway: QEMU refuses guestfwd rules on the gateway address, and
-without restrict=on the gateway would also lead to the real network.
+An EC2 scenario (Ec2Fakes), at fixed guest ports because the endpoints are
+baked into the image (a drop-in for spotvisor.service, AWS_ENDPOINTS below,
+written by install-spotvisor.sh):
+
+  169.254.169.254:80        fake_imds.py      (also metadata.google.internal: spotvisor's GCE probe meets it)
+  AWS_FAKES_ADDR:9000       fake_s3.py        (AWS_ENDPOINT_URL_S3)
+  AWS_FAKES_ADDR:9001       reserved: a fake CloudWatch Logs (AWS_ENDPOINT_URL_CLOUDWATCH_LOGS), not yet
+  AWS_FAKES_ADDR:9002       fake_ec2.py       (AWS_ENDPOINT_URL_EC2: the spotvisor-phase tag)
+
+FAKES_ADDR and AWS_FAKES_ADDR are other addresses on the guest's link rather
+than the user network's gateway: QEMU refuses guestfwd rules on the gateway
+address, and without restrict=on the gateway would also lead to the real
+network.
 
 Every wait is a condition with a bound; QEMU is killed by pid when one runs out.
 """
@@ -32,9 +43,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
 
+from fake_ec2 import FakeEc2Server  # noqa: E402
 from fake_gcs import FakeGcsServer  # noqa: E402
+from fake_imds import FakeImdsServer  # noqa: E402
 from fake_logging import FakeLoggingServer  # noqa: E402
 from fake_metadata import FakeMetadataServer, TOKEN_PATH  # noqa: E402
+from fake_s3 import FakeS3Server  # noqa: E402
 
 PROJECT = "spotvisor-test-project"   # fake_metadata's project id
 NET = "169.254.0.0/16"
@@ -42,6 +56,27 @@ FAKES_ADDR = "169.254.0.10"          # where the guest finds fake GCS and fake C
 TOKEN = "e2e-token"
 BUCKET = "e2e-bucket"
 DATASET_DISK = "e2e-dataset"
+METADATA_ADDR = "169.254.169.254"    # GCE's metadata server and EC2's IMDS, at their real address
+
+# EC2. The image is baked once per run for every scenario, so the AWS endpoints are fixed
+# guest-side addresses, set in a drop-in for spotvisor.service (install-spotvisor.sh --unit-env);
+# each EC2 scenario forwards them to its fakes' dynamic host ports. The GCE scenarios have the
+# same drop-in and never use it (gs:// buckets, no EC2 API): nothing listens there for them.
+AWS_FAKES_ADDR = "169.254.0.11"
+S3_GUEST_PORT = 9000
+CLOUDWATCH_LOGS_GUEST_PORT = 9001   # reserved for the CloudWatch Logs sink (not forwarded yet)
+EC2_GUEST_PORT = 9002
+AWS_ENDPOINTS = {
+    "AWS_ENDPOINT_URL_S3": f"http://{AWS_FAKES_ADDR}:{S3_GUEST_PORT}",
+    "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": f"http://{AWS_FAKES_ADDR}:{CLOUDWATCH_LOGS_GUEST_PORT}",
+    "AWS_ENDPOINT_URL_EC2": f"http://{AWS_FAKES_ADDR}:{EC2_GUEST_PORT}",
+}
+EC2_REGION = "eu-west-1"             # not us-east-1, S3's default when AWS_REGION is unset
+EC2_INSTANCE_ID = "i-0e2e5ec2000000001"
+ROLE = "spotvisor-e2e-role"          # the instance profile's role, its keys served by fake_imds
+ROLE_KEY_ID = "ASIAE2EROLEKEY000001"
+ROLE_SECRET = "e2eRoleSecret/doNotPrint/7bKq2Vd9xZp4Wm1"
+ROLE_TOKEN = "E2eRoleSessionToken//doNotPrint//wEaCXVzLWVhc3QtMSJHMEUCIQ"
 
 
 def log(msg):
@@ -77,6 +112,12 @@ class Fakes:
         base.update(attrs)
         for k, v in base.items():
             self.metadata.set(f"instance/attributes/{k}", v)
+
+    def forwards(self):
+        """(guest address, guest port, host port) for QEMU's guestfwd rules."""
+        return [(METADATA_ADDR, 80, self.metadata.port),
+                (FAKES_ADDR, self.gcs.port, self.gcs.port),
+                (FAKES_ADDR, self.logging.port, self.logging.port)]
 
     def stop(self):
         for f in (self.metadata, self.gcs, self.logging):
@@ -116,6 +157,59 @@ class Fakes:
 
     def object_bytes(self, name):
         return self.gcs.get_object_bytes(BUCKET, name)
+
+
+class Ec2Fakes:
+    """The host-side fakes an EC2 Spot instance talks to: IMDSv2 (tags, user data, the
+    instance role's keys, the spot notice), S3 and the EC2 API, all in EC2_REGION. S3 and
+    the EC2 API accept only the role's session keys (with their token), so every request
+    they answered was signed with the keys spotvisor got from IMDS."""
+
+    def __init__(self, tags, user_data=None):
+        self.imds = self.s3 = self.ec2 = None
+        try:
+            self.imds = FakeImdsServer(instance_id=EC2_INSTANCE_ID, region=EC2_REGION, tags=tags,
+                                       user_data=user_data).start()
+            self.imds.set_role(ROLE, ROLE_KEY_ID, ROLE_SECRET, ROLE_TOKEN, time.time() + 6 * 3600)
+            self.s3 = FakeS3Server(region=EC2_REGION, buckets=[BUCKET]).start()
+            self.s3.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
+            self.ec2 = FakeEc2Server(region=EC2_REGION, instances=[EC2_INSTANCE_ID]).start()
+            self.ec2.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
+            # ---- CloudWatch Logs: reserved (AWS_ENDPOINTS["AWS_ENDPOINT_URL_CLOUDWATCH_LOGS"]).
+            # When spotvisor's CloudWatch Logs sink lands, start its fake here, e.g.
+            #   self.cloudwatch_logs = FakeCloudWatchLogsServer(region=EC2_REGION).start()
+            #   self.cloudwatch_logs.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
+            # and forwards() below forwards CLOUDWATCH_LOGS_GUEST_PORT to it. Until then nothing
+            # listens there (a connection from the guest gets no answer: restrict=on).
+            self.cloudwatch_logs = None
+        except BaseException:
+            self.stop()
+            raise
+
+    def forwards(self):
+        """(guest address, guest port, host port) for QEMU's guestfwd rules."""
+        fwd = [(METADATA_ADDR, 80, self.imds.port),
+               (AWS_FAKES_ADDR, S3_GUEST_PORT, self.s3.port),
+               (AWS_FAKES_ADDR, EC2_GUEST_PORT, self.ec2.port)]
+        if self.cloudwatch_logs is not None:
+            fwd.append((AWS_FAKES_ADDR, CLOUDWATCH_LOGS_GUEST_PORT, self.cloudwatch_logs.port))
+        return fwd
+
+    def stop(self):
+        for f in (self.imds, self.s3, self.ec2, getattr(self, "cloudwatch_logs", None)):
+            if f is None:
+                continue
+            try:
+                f.stop()
+            except Exception as e:  # noqa: BLE001 - cleanup must go on
+                log(f"stopping a fake: {e}")
+
+    # ---- what the fakes recorded (the same names as Fakes where they mean the same)
+    def objects(self, prefix=""):
+        return self.s3.objects(BUCKET, prefix)
+
+    def object_bytes(self, name):
+        return self.s3.get_object_bytes(BUCKET, name)
 
 
 class Qmp:
@@ -158,7 +252,10 @@ class Qmp:
 # QEMU run states in which the guest will never power off by itself.
 STUCK = {"internal-error", "guest-panicked", "io-error"}
 
-_SPOTVISOR_LINE = re.compile(r"spotvisor\[\d+\]: (\{.*\})\s*$")
+# A JSON line of spotvisor's as journald forwards it. Where it ends is left to the JSON
+# decoder: the kernel's own console lines can land right after it, without a newline.
+_SPOTVISOR_LINE = re.compile(r"spotvisor\[\d+\]: (?=\{)")
+_JSON = json.JSONDecoder()
 
 
 class Vm:
@@ -171,10 +268,8 @@ class Vm:
         self.stderr_path = os.path.join(workdir, f"{name}.qemu.log")
         self._serial_text = ""
         self._serial_pos = 0
-        fwd = []
-        fwd.append(f"guestfwd=tcp:169.254.169.254:80-cmd:socat - TCP:127.0.0.1:{fakes.metadata.port}")
-        for port in (fakes.gcs.port, fakes.logging.port):
-            fwd.append(f"guestfwd=tcp:{FAKES_ADDR}:{port}-cmd:socat - TCP:127.0.0.1:{port}")
+        fwd = [f"guestfwd=tcp:{addr}:{guest_port}-cmd:socat - TCP:127.0.0.1:{host_port}"
+               for addr, guest_port, host_port in fakes.forwards()]
         netdev = ",".join([f"user,id=n0,net={NET},restrict=on"] + fwd)
         self.argv = [
             "qemu-system-x86_64", "-accel", "tcg,tb-size=128", "-cpu", "max", "-smp", "2", "-m", "1024",
@@ -317,7 +412,7 @@ class Vm:
             if not m:
                 continue
             try:
-                e = json.loads(m.group(1))
+                e, _ = _JSON.raw_decode(line, m.end())
             except ValueError:
                 continue  # a line cut by a concurrent console write
             if name is None or e.get("event") == name:

@@ -2,8 +2,8 @@
 # Bakes one run's guest image: spotvisor installed into the cached base rootfs
 # the way an image build would, then an ext4 image made with mke2fs -d.
 #
-#   install-spotvisor.sh --base DIR --out IMG --deb PATH [--file SRC:DEST:MODE]...
-#   install-spotvisor.sh --base DIR --out IMG --binary PATH --unit PATH [--file ...]
+#   install-spotvisor.sh --base DIR --out IMG --deb PATH [--file SRC:DEST:MODE]... [--unit-env KEY=VALUE]...
+#   install-spotvisor.sh --base DIR --out IMG --binary PATH --unit PATH [--file ...] [--unit-env ...]
 #
 # --deb: `dpkg -i` inside a chroot of the base tree, so the package's Depends
 #   are checked against the image and its maintainer scripts really run (they
@@ -14,6 +14,13 @@
 #   enable` in the chroot; shared libraries the binary needs and the base image
 #   lacks (libfmt.so.9, ...) are copied from this host (also Debian 12).
 # --file: extra files for the test (the trainer), installed with MODE.
+# --unit-env: an Environment= line in a drop-in for spotvisor.service
+#   (/etc/systemd/system/spotvisor.service.d/e2e-endpoints.conf), the way an
+#   image would point the service somewhere. The boot test passes the AWS
+#   endpoint overrides (AWS_ENDPOINT_URL_S3, _EC2, _CLOUDWATCH_LOGS) at fixed
+#   guest addresses, which each EC2 scenario forwards to its fakes (guest.py);
+#   never the metadata endpoints: the EC2 scenario tests detection at the real
+#   default address.
 #
 # The cached tree is never written: the install happens on an overlay of it
 # (or, where overlayfs cannot be mounted, on a copy).
@@ -21,6 +28,7 @@ set -euo pipefail
 
 base='' out='' deb='' binary='' unit=''
 files=()
+unit_env=()
 while [ $# -gt 0 ]; do
   case $1 in
     --base) base=$2; shift 2 ;;
@@ -29,6 +37,7 @@ while [ $# -gt 0 ]; do
     --binary) binary=$2; shift 2 ;;
     --unit) unit=$2; shift 2 ;;
     --file) files+=("$2"); shift 2 ;;
+    --unit-env) unit_env+=("$2"); shift 2 ;;
     *) echo "install-spotvisor: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -93,6 +102,23 @@ for spec in "${files[@]}"; do
   IFS=: read -r src dest mode <<<"$spec"
   install -D -m "${mode:-644}" "$src" "$root$dest"
 done
+
+if [ ${#unit_env[@]} -gt 0 ]; then
+  dropin=$root/etc/systemd/system/spotvisor.service.d/e2e-endpoints.conf
+  mkdir -p "$(dirname "$dropin")"
+  {
+    echo "# Written by tests/e2e/install-spotvisor.sh: the fakes' fixed guest-side endpoints."
+    echo "[Service]"
+    for kv in "${unit_env[@]}"; do
+      if [[ ! $kv =~ ^[A-Z_][A-Z0-9_]*=[^[:space:]\"\'%\\]*$ ]]; then
+        log "--unit-env $kv: expected KEY=VALUE without spaces, quotes, % or backslashes"
+        exit 2
+      fi
+      echo "Environment=$kv"
+    done
+  } >"$dropin"
+  log "drop-in $(basename "$dropin"): ${unit_env[*]}"
+fi
 
 umount "$root/proc"
 unset 'mounted[${#mounted[@]}-1]'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The end-to-end test: the spotvisor package baked into a Debian 12 image and
 # booted under QEMU (software emulation) against the fake metadata server, GCS
-# and Cloud Logging. See tests/e2e/README.md.
+# and Cloud Logging (GCE), or the fake IMDS, S3 and EC2 API (the EC2 scenario).
+# See tests/e2e/README.md.
 #
 #   tests/e2e/run.sh --deb PATH [TEST...]                # the package (CI)
 #   tests/e2e/run.sh --binary PATH --unit PATH [TEST...] # a bare binary + unit, before packaging
@@ -15,7 +16,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 usage() {
-  sed -n '6,7p' "$0" | sed 's/^#  */usage: /' >&2
+  sed -n '7,8p' "$0" | sed 's/^#  */usage: /' >&2
   exit 2
 }
 deb='' binary='' unit=''
@@ -60,5 +61,5 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 cd "$here/../.."
-# Debian's interpreter: fake_gcs needs python3-crcmod.
+# Debian's interpreter: fake_gcs needs python3-crcmod, fake_s3 python3-crc32c.
 exec env PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 "$here/test_boot.py" -v "${tests[@]}"

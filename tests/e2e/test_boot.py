@@ -9,7 +9,12 @@ or directly:
 
 Each scenario boots the same baked image (copy-on-write) with its own fakes and
 metadata, and asserts on what the fakes recorded and on the serial console.
+Scenarios 1-4 are a GCE Spot VM (fake metadata server, GCS, Cloud Logging);
+scenario 5 is an EC2 Spot instance (fake IMDSv2 at the same default address,
+S3 and the EC2 API through the AWS endpoint overrides the image's drop-in for
+spotvisor.service sets: guest.AWS_ENDPOINTS).
 """
+import datetime
 import hashlib
 import re
 import json
@@ -22,8 +27,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from guest import (BUCKET, DATASET_DISK, ROOT, Fakes, Vm, log,  # noqa: E402
-                   make_dataset_disk, wait_until)
+from guest import (AWS_ENDPOINTS, BUCKET, DATASET_DISK, EC2_INSTANCE_ID, EC2_REGION, ROLE,  # noqa: E402
+                   ROLE_SECRET, ROLE_TOKEN, ROOT, Ec2Fakes, Fakes, Vm, log, make_dataset_disk,
+                   wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.environ.get("SPOTVISOR_CACHE_DIR", "/var/cache/spotvisor")
@@ -66,6 +72,8 @@ def setUpModule():
     cmd = ["bash", os.path.join(HERE, "install-spotvisor.sh"), "--base", base, "--out", image,
            "--file", f"{trainer}:{TRAINER}:755"]
     cmd += ["--deb", deb] if deb else ["--binary", binary, "--unit", unit]
+    for key, value in AWS_ENDPOINTS.items():   # the EC2 scenario's fixed endpoints, unused on GCE
+        cmd += ["--unit-env", f"{key}={value}"]
     subprocess.run(cmd, check=True)
     dataset = os.path.join(workdir, "dataset.img")
     make_dataset_disk(dataset)
@@ -82,7 +90,7 @@ def tearDownModule():
                 pass
     print("\ne2e timings (wall clock, this machine):", file=sys.stderr)
     for scenario, phase, seconds in TIMINGS:
-        print(f"  {scenario:<14} {phase:<50} {seconds:6.1f} s", file=sys.stderr)
+        print(f"  {scenario:<19} {phase:<50} {seconds:6.1f} s", file=sys.stderr)
     if ENV.get("workdir"):
         print(f"serial logs: {ENV['workdir']}/*.serial.log", file=sys.stderr)
 
@@ -107,10 +115,11 @@ def exec_form(*argv):
 class BootTest(unittest.TestCase):
     maxDiff = None
 
-    def boot(self, scenario, attrs):
-        """Fakes + a fresh guest for one scenario; both torn down after the test."""
+    def boot(self, scenario, attrs=None, fakes=None):
+        """Fakes (GCE's with these attributes, unless given) + a fresh guest for one
+        scenario; both torn down after the test."""
         self.scenario = scenario
-        self.fakes = Fakes(instance_name=scenario, attrs=attrs)
+        self.fakes = fakes or Fakes(instance_name=scenario, attrs=attrs)
         self.addCleanup(self.fakes.stop)
         self.vm = Vm(ENV["base"], ENV["image"], ENV["dataset"], self.fakes, ENV["workdir"], scenario)
         self.addCleanup(self.vm.kill)  # runs first: QEMU never outlives the test
@@ -140,6 +149,13 @@ class BootTest(unittest.TestCase):
         """An event spotvisor sent to (fake) Cloud Logging."""
         return wait_until(lambda: self.fakes.events(name), timeout, f"{name} in fake Cloud Logging")[0]
 
+    def serial_event(self, name, timeout=5, **match):
+        """An event spotvisor logged to the journal (forwarded to the console), with these
+        fields: the only place spotvisor's events go on EC2 (no Cloud Logging there)."""
+        def found():
+            return [e for e in self.vm.serial_events(name) if all(e.get(k) == v for k, v in match.items())]
+        return wait_until(found, timeout, f"{name} {match or ''} on the serial console")[0]
+
     def wait_trainer_started(self):
         self.vm.wait_serial(r"fake_trainer started pid=", BOOT_TIMEOUT, "the trainer to start")
         t = time.monotonic()
@@ -168,11 +184,13 @@ class BootTest(unittest.TestCase):
         self.assertEqual(rc, 0, "QEMU's exit status")
         self.assert_serial(r"reboot: Power down", "the guest did not reach a clean power-off (panic? reboot?)")
 
-    def assert_stopped_in_order(self):
-        """systemd stopped the service without a timeout or having to kill anything.
-        (A non-zero exit status is not disorder: spotvisor exits with the run's code.)"""
+    def assert_stopped_in_order(self, by_systemd=True):
+        """systemd stopped the service (or, by_systemd=False, saw it exit by itself) without a
+        timeout or having to kill anything. (A non-zero exit status is not disorder: spotvisor
+        exits with the run's code.)"""
         text = self.vm.serial()
-        self.assert_serial(r"systemd\[1\]: Stopped spotvisor\.service", "systemd never stopped the unit")
+        if by_systemd:
+            self.assert_serial(r"systemd\[1\]: Stopped spotvisor\.service", "systemd never stopped the unit")
         bad = re.findall(r"spotvisor\.service: (?:State '[a-z-]+' timed out.*|Killing process.*|"
                          r"Failed with result '(?:timeout|signal|core-dump|watchdog)'.*)", text)
         self.assertFalse(bad, f"spotvisor.service was not stopped in order: {bad}")
@@ -351,6 +369,147 @@ class BootTest(unittest.TestCase):
         self.assertEqual(len(vm.serial_events("shutdown.poweroff")), 3, "the command was retried three times")
         self.assertTrue(vm.serial_events("shutdown.forced"), "no shutdown.forced on the serial console")
 
+    # ------------------------------------------------------------------ (5)
+    def test_5_ec2_spot_notice_sigint_final_sync_to_s3_and_poweroff(self):
+        # An EC2 Spot instance: the IMDS fake at the real default address (169.254.169.254,
+        # which the image's /etc/hosts also calls metadata.google.internal), no metadata
+        # endpoint in the environment, so spotvisor's cloud = auto must tell EC2 from GCE by
+        # itself. Configuration from instance tags (both spellings) over the user data's
+        # [spotvisor] section; checkpoints in the fake S3 with the instance role's keys.
+        run_id = EC2_INSTANCE_ID    # run-id's default on EC2
+        ckpt_dir = "/var/lib/spotvisor/ec2-ckpt"
+        # The trainer's environment is spotvisor's: it shows which endpoints the unit has.
+        command = ('d=$SPOTVISOR_CHECKPOINT_DIR; echo "env ${GCE_METADATA_HOST-unset} '
+                   '${AWS_EC2_METADATA_SERVICE_ENDPOINT-unset} $AWS_ENDPOINT_URL_S3 $d end"; '
+                   f'exec {TRAINER} --checkpoint-every 1000 --sigint-exit-delay 1000 --marker-file "$d/marker"')
+        self.assertLessEqual(len(command), 256, "an EC2 tag value is at most 256 characters")
+        tags = {"Name": "e2e-trainer",
+                "spotvisor-command": command,
+                "spotvisor-bucket": f"s3://{BUCKET}/{PREFIX}",
+                "spotvisor:checkpoint-dir": ckpt_dir}
+        user_data = ("#!/bin/bash\n# a cloud-init script; spotvisor reads only its own section\n"
+                     "[spotvisor]\n"
+                     # EBS's NVMe names are not modelled: the QEMU disk by its path.
+                     f"dataset-disk = /dev/disk/by-id/scsi-0Google_PersistentDisk_{DATASET_DISK}\n"
+                     "checkpoint-dir = /var/lib/spotvisor/the-tag-wins\n")
+        fakes = Ec2Fakes(tags, user_data)
+        imds = fakes.imds
+        vm = self.boot("e2e-ec2-spot", fakes=fakes)
+        self.wait_trainer_started()
+
+        # Which cloud: EC2, found at the default address; the GCE probe met the IMDS fake
+        # there too and was not taken for GCE's metadata server.
+        detected = self.serial_event("cloud.detected")
+        log(f"{self.scenario}: cloud.detected: {detected.get('message')}")
+        self.assertEqual((detected.get("cloud"), detected.get("instance")), ("aws", EC2_INSTANCE_ID), detected)
+        gce_probe = sorted({(e[1], e[2]) for e in imds.log() if e[1].startswith("/computeMetadata/")})
+        log(f"{self.scenario}: the GCE probe at the IMDS fake (path, status): {gce_probe}")
+        self.assertTrue(gce_probe, "spotvisor's GCE probe never reached 169.254.169.254 (so this proves nothing about "
+                                   f"telling the clouds apart); IMDS saw: {sorted({e[1] for e in imds.log()})}")
+        # GCE_METADATA_HOST, AWS_EC2_METADATA_SERVICE_ENDPOINT, AWS_ENDPOINT_URL_S3, the checkpoint dir
+        # (not the command line itself, in trainer.start: no "$" in what the shell printed)
+        env = vm.wait_serial(r"env ([^\s$]+) ([^\s$]+) ([^\s$]+) ([^\s$]+) end\b", 10,
+                             "the trainer's environment line")
+        self.assertEqual(env.groups(), ("unset", "unset", AWS_ENDPOINTS["AWS_ENDPOINT_URL_S3"], ckpt_dir),
+                         "metadata endpoints must be the defaults; S3 from the drop-in; the tag over the user data")
+        self.assertEqual(self.serial_event("run.start").get("run_id"), run_id)
+        mounted = self.serial_event("mount.done")
+        self.assertEqual((mounted.get("what"), mounted.get("dir")), ("dataset", "/mnt/dataset"), mounted)
+
+        # Interrupt a trainer that is up: it has a checkpoint and spotvisor polls the notice.
+        vm.wait_serial(r"checkpoint step=1\b", 30, "the trainer's first checkpoint")
+        spot = "/latest/meta-data/spot/instance-action"
+        polls = imds.hits(spot)
+        self.assertTrue(imds.wait_for(lambda: imds.hits(spot) > polls, 30),
+                        f"spotvisor is not polling {spot} ({imds.hits(spot)} requests)")
+        vm.wait_serial(r"Watching system buttons on \S+ \(Power Button\)", 30, "logind watching the power button")
+
+        notice_time = int(time.time()) + 120    # IMDS gives whole seconds; EC2's two minutes
+        imds.set_instance_action("terminate", notice_time)
+        noticed = time.monotonic()
+        log(f"{self.scenario}: spot/instance-action terminate at {notice_time} (now + 120 s)")
+        vm.wait_serial(r"fake_trainer received SIGINT", 30, "the trainer's SIGINT")
+        sigint_s = time.monotonic() - noticed
+        self.timing("notice -> trainer got SIGINT", sigint_s)
+        self.wait_run_end(noticed, "notice -> run.end (stop + final sync)", 90)
+        self.assertLess(time.time(), notice_time, "run.end came after the notice's time")
+        self.assertLess(sigint_s, 10, "SIGINT at once: the notice is polled every second")
+
+        notice = self.serial_event("preemption.detected")
+        self.assertIn("EC2 Spot interruption notice", notice.get("message", ""), notice)
+        self.assertGreater(notice.get("ends_in_s", 0), 60, notice)
+        end = self.serial_event("run.end")
+        log(f"{self.scenario}: run.end reason={end.get('reason')} exit_code={end.get('exit_code')}")
+        self.assertEqual(end.get("reason"), "preempted", end)
+        self.assertTrue(self.serial_event("sync.complete", kind="final"), "no final sync.complete")
+        self.assertFalse(vm.serial_events("shutdown.start"), "on-exit ran after an interruption notice (EC2 does it)")
+
+        # The final sync, in S3, committed before the notice's time.
+        manifest = self.manifest(run_id)
+        committed = datetime.datetime.fromisoformat(manifest["committed_at"][:26].rstrip("Z") + "+00:00")
+        log(f"{self.scenario}: manifest committed {committed.isoformat()}, "
+            f"{notice_time - committed.timestamp():.0f} s before the notice's time")
+        self.assertLess(committed.timestamp(), notice_time, "the final commit came after the notice's time")
+        final = self.assert_serial(r"checkpoint step=(\d+) final", "the trainer wrote no final checkpoint")
+        steps = sorted(f["path"] for f in manifest_files(manifest) if f.get("path", "").startswith("ckpt-"))
+        self.assertTrue(steps, manifest)
+        self.assertEqual(int(steps[-1][5:]), int(final.group(1)),
+                         f"the newest checkpoint in the bucket ({steps[-1]}) is not the trainer's final one")
+        marker = self.manifest_file(manifest, "marker").decode()
+        self.assertIn("sigint realtime_ns=", marker)
+        self.assertIn("exit code=130", marker)
+        self.assertNotIn(f"{PREFIX}/{run_id}/DONE", self.fakes.objects(f"{PREFIX}/{run_id}/"))
+        wrong_region = requests_of(fakes.s3, "AuthorizationHeaderMalformed")
+        if wrong_region:
+            log(f"{self.scenario}: {len(wrong_region)} S3 request(s) signed for another region than the bucket's "
+                f"({EC2_REGION}), then followed")
+
+        # After the final sync spotvisor is done and exits by itself (no on-exit: EC2 takes the
+        # instance at the notice's time); the phase tag says how the run ended.
+        exited = vm.wait_serial(r"spotvisor\.service: Main process exited, code=exited, status=(\d+)", 30,
+                                "spotvisor to exit by itself after the run")
+        self.assertEqual(exited.group(1), "130", "spotvisor's exit code is the trainer's")
+        phase = lambda: fakes.ec2.tags(EC2_INSTANCE_ID).get("spotvisor-phase")  # noqa: E731
+        try:
+            wait_until(lambda: phase() == "done (preempted)", 10, "the spotvisor-phase tag 'done (preempted)'")
+        except AssertionError as e:
+            self.fail(f"{e} (fake EC2 API; the tag is {phase()!r})")
+        self.assertIn(("CreateTags", [EC2_INSTANCE_ID]), fakes.ec2.calls())
+
+        # The instance role: keys from IMDS (IMDSv2), and S3 accepted only those, with their
+        # session token (fake_s3 answers InvalidAccessKeyId to the key without it).
+        creds = [e for e in imds.log(detail=True)
+                 if e["path"].rstrip("/") == f"/latest/meta-data/iam/security-credentials/{ROLE}"]
+        self.assertTrue(any(e["status"] == 200 and e["had_token"] for e in creds), creds)
+        v1 = [e[:2] for e in imds.log() if e[1].startswith("/latest/meta-data") and not e[3]]
+        self.assertFalse(v1, "IMDSv1 requests (no session token)")
+        requests = fakes.s3.requests()
+        kinds = sorted({(r["kind"], r["status"], r["error"]) for r in requests}, key=str)
+        log(f"{self.scenario}: S3 requests (kind, status, error): {kinds}")
+        denied = [r for r in requests if r["error"] in ("InvalidAccessKeyId", "InvalidToken", "ExpiredToken",
+                                                        "SignatureDoesNotMatch", "AccessDenied")]
+        self.assertFalse(denied, "S3 refused spotvisor's credentials")
+        self.assertTrue([r for r in requests if r["kind"] == "put" and r["status"] == 200], kinds)
+        for secret in (ROLE_SECRET, ROLE_TOKEN):
+            self.assertNotIn(secret[:16], vm.serial(), "the role's secret key or token is on the console")
+
+        # EC2 powers the instance off at the notice's time (the ACPI power button, as on GCE).
+        pressed = time.monotonic()
+        vm.power_button()
+        rc = vm.wait_exit(PREEMPTION_BUDGET * 3)
+        shutdown_s = vm.exited - pressed
+        self.timing("power button -> QEMU exited", shutdown_s)
+        self.assert_powered_off(rc)
+        self.assertLess(shutdown_s, PREEMPTION_BUDGET, f"power button to power-off took {shutdown_s:.1f}s")
+        self.assert_stopped_in_order(by_systemd=False)
+        text = vm.serial()
+        button = text.find("Power key pressed")
+        self.assertGreaterEqual(button, 0, "logind never saw the power button")
+        self.assertLess(text.find("spotvisor.service: Main process exited"), button,
+                        "spotvisor was still running at the power button")
+        unmounted = self.serial_event("mount.unmounted")
+        self.assertEqual((unmounted.get("dir"), unmounted.get("lazy")), ("/mnt/dataset", False), unmounted)
+
 
 def ns_gap(marker):
     """'0.35 s': from the trainer's SIGINT to its SIGTERM, as its marker file records them."""
@@ -362,6 +521,11 @@ def ns_gap(marker):
     if "sigint" in t and "sigterm" in t:
         return f"{(t['sigterm'] - t['sigint']) / 1e9:.2f} s"
     return "?"
+
+
+def requests_of(s3, error):
+    """fake S3's requests that got this S3 error code."""
+    return [r for r in s3.requests() if r.get("error") == error]
 
 
 def manifest_files(manifest):
