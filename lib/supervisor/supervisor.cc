@@ -770,7 +770,11 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
     // What is still at risk, for sync.complete and status (a scan, no I/O
     // to the bucket). Not after the final sync: nothing will read it.
     if (!final) {
-      if (auto u = engine->Uncommitted(); u.ok()) outcome.uncommitted = *u;
+      if (r.ok() && r->uncommitted) {
+        outcome.uncommitted = *r->uncommitted;  // the sync's own scan: no second pass over the tree
+      } else if (auto u = engine->Uncommitted(); u.ok()) {
+        outcome.uncommitted = *u;
+      }
     }
     asio::post(io_, [this, kind, final, r = std::move(r), done, outcome] { OnSyncDone(kind, final, r, done, outcome); });
   });

@@ -1138,7 +1138,11 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       }
     }
     bool removed = next.size() != state_.size();
+    UncommittedView at_risk;
+    at_risk.files = static_cast<int>(changed.size() + (state_.size() - next.size()));
+    for (auto const* e : changed) at_risk.bytes += e->st.size;
     if (!j.complete) {
+      stats.uncommitted = at_risk;
       stats.deferred = true;
       stats.deferred_reason = j.why;
       stats.files_deferred = static_cast<int>(changed.size());
@@ -1175,6 +1179,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     if (changed.empty() && !removed) {
       // The committed manifest already says all there is to say.
       deferrals_ = 0;
+      stats.uncommitted = at_risk;
       stats.files_total = static_cast<int>(state_.size());
       stats.sequence = sequence_;
       stats.seconds = Since(start, clock_);

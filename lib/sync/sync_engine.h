@@ -153,6 +153,10 @@ struct SyncStats {
   std::string state_warning;
   // The final sync ran out of time or was cancelled: what did not make it.
   std::vector<std::string> not_uploaded;
+  // What the bucket does not hold yet, as of this sync's own scan, when it
+  // ended on one (nothing to commit, or a tree still being written): the
+  // caller need not scan the tree again for it.
+  std::optional<UncommittedView> uncommitted;
 };
 
 struct RestoreStats {

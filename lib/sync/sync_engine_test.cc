@@ -407,12 +407,23 @@ TEST_CASE("the tree is judged as one: a fresh file holds back the whole checkpoi
   CHECK(s->deferred);
   CHECK(s->files_uploaded == 0);
   CHECK(s->files_deferred == 2);
+  // What is at risk, from the sync's own scan: the same as a separate scan says.
+  REQUIRE(s->uncommitted.has_value());
+  CHECK(s->uncommitted->files == e.Uncommitted()->files);
+  CHECK(s->uncommitted->bytes == e.Uncommitted()->bytes);
+  CHECK(s->uncommitted->files == 2);
   CHECK_FALSE(fs::exists(d.bucket + "/run1/manifest.json"));
   auto f = e.Sync(SyncKind::kCompleted);
   REQUIRE(f.ok());
   CHECK_FALSE(f->deferred);
   CHECK(f->files_uploaded == 2);
   CHECK(f->files_total == 2);
+  // Nothing changed since: a no-op, and nothing at risk, without a second scan.
+  auto again = e.Sync(SyncKind::kCompleted);
+  REQUIRE(again.ok());
+  REQUIRE(again->uncommitted.has_value());
+  CHECK(again->uncommitted->files == 0);
+  CHECK(again->uncommitted->bytes == 0);
 }
 
 TEST_CASE("no sync before a restore: it could overwrite a newer checkpoint") {
