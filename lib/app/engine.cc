@@ -49,6 +49,12 @@ extern char** environ;
 namespace spotvisor {
 namespace {
 
+bool EnvSet(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+
 namespace asio = boost::asio;
 
 StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
@@ -331,8 +337,11 @@ std::unique_ptr<ObjectStore> MakeGcsStore(const Config& c, const std::string& bu
 // S3 for s3://BUCKET, objects under `prefix`: the same parallelism and
 // retry budget; credentials from the environment or the instance role.
 std::unique_ptr<ObjectStore> MakeS3Store(const Config& c, const std::string& bucket, const std::string& prefix,
-                                         const Clock& clock) {
+                                         const std::string& instance_region, const Clock& clock) {
   S3Options o;
+  // As the AWS SDKs do on EC2: AWS_REGION or AWS_DEFAULT_REGION, else the
+  // instance's own region (a bucket elsewhere is still followed).
+  if (!EnvSet("AWS_REGION") && !EnvSet("AWS_DEFAULT_REGION")) o.region = instance_region;
   o.bucket = bucket;
   o.prefix = prefix;
   SetTransferOptions(o, c, clock);
@@ -359,7 +368,8 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
     store = GuardByMount(MakeFileObjectStore(dir + "/" + (loc->prefix.empty() ? "" : loc->prefix + "/") + c.run_id),
                          [dir] { return CheckFuseMounted(dir); });
   } else if (loc->scheme == "s3") {
-    store = MakeS3Store(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, clock);
+    store = MakeS3Store(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id,
+                        metadata.cloud == "aws" ? metadata.region : "", clock);
   } else {
     store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }
@@ -514,11 +524,6 @@ std::string CloudKey(const EngineOptions& o) {
     if (k == "cloud") v = val;
   }
   return std::string(Trim(v));
-}
-
-bool EnvSet(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0';
 }
 
 }  // namespace

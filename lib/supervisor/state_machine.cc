@@ -728,6 +728,7 @@ void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
 
 void StateMachine::NotePreemption(const PreemptionNotice& e, SteadyTime now) {
   preempted_ = true;
+  if (!e.what.empty()) preemption_what_ = e.what;
   bool lead = state_ == State::kRunning && options_.preemption_stop_lead.count() > 0;
   // With a preemption notice the power button comes that much later (without
   // a known notice, a stop lead implies one at least as long); a SIGTERM seen
@@ -1052,8 +1053,11 @@ void StateMachine::SkipOnExit() {
   Log(Severity::kInfo, "shutdown.skipped",
       !options_.run_on_exit ? "on-exit is none: leaving the machine running"
       : signalled_          ? "spotvisor was stopped by a signal: not running on-exit"
-                            : "the VM is being preempted: GCE stops or deletes it (--instance-termination-action), "
-                              "so on-exit is not run");
+      : !preemption_what_.empty()
+          ? fmt::format("the instance is being interrupted ({}): EC2 stops, hibernates or terminates it as the notice "
+                        "says, so on-exit is not run",
+                        preemption_what_)
+          : "the VM is being preempted: GCE stops or deletes it (--instance-termination-action), so on-exit is not run");
 }
 
 bool StateMachine::Ending() const {

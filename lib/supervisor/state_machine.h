@@ -302,6 +302,7 @@ class StateMachine {
   int stop_signals_ = 0;     // SIGINT/SIGTERM/SIGHUP/SIGQUIT to spotvisor so far
   bool signalled_ = false;  // SIGINT/SIGTERM to spotvisor: no on-exit, a second one escalates
   bool preempted_ = false;  // any PreemptionNotice: no on-exit, no restart
+  std::string preemption_what_;  // the notice's own words (EC2's), empty for GCE's
   std::optional<SteadyTime> power_button_at_;  // when GCE pressed (or will press) it
   std::optional<SteadyTime> stop_signal_at_;   // the first SIGINT/SIGTERM to spotvisor
   bool mounts_active_ = false;   // StartMounts was issued and not undone yet

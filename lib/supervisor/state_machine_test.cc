@@ -112,6 +112,19 @@ TEST_CASE("a trainer that stops on SIGINT is not escalated and keeps its exit co
   CHECK(*h.machine.end_reason() == EndReason::kPreempted);
 }
 
+TEST_CASE("on EC2 the skipped on-exit names the interruption notice, not GCE's termination action") {
+  Harness h;
+  h.StartRunning();
+  h.On(PreemptionNotice{std::nullopt, "EC2 Spot interruption notice (terminate: ...)"});
+  h.now += 1s;
+  Only<SignalLeftovers>(h.On(TrainerExited{100, 0, 0}));
+  h.On(LeftoversGone{});
+  auto skipped = h.Last("shutdown.skipped").message;
+  CHECK(skipped.find("EC2 Spot interruption notice") != std::string::npos);
+  CHECK(skipped.find("EC2 stops, hibernates or terminates it") != std::string::npos);
+  CHECK(skipped.find("GCE") == std::string::npos);
+}
+
 TEST_CASE("a repeated preemption notice does not restart the ladder") {
   Harness h;
   h.StartRunning();
