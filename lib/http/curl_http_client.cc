@@ -113,6 +113,9 @@ class CurlHttpClient final : public HttpClient {
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(request.connect_timeout.count()));
     // The metadata server must never be reached through a proxy.
     curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    if (!request.ca_file.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, request.ca_file.c_str());
+    if (!request.cert_file.empty()) curl_easy_setopt(h, CURLOPT_SSLCERT, request.cert_file.c_str());
+    if (!request.key_file.empty()) curl_easy_setopt(h, CURLOPT_SSLKEY, request.key_file.c_str());
 
     curl_multi_add_handle(multi_.get(), h);
     CURLcode result = CURLE_OK;

@@ -32,6 +32,12 @@ struct HttpRequest {
   // Abort if slower than this many bytes/s for 30 s (0: off); a stalled
   // connection must fail, not hang until `timeout`.
   long low_speed_limit = 0;
+  // TLS for https URLs (PEM files; empty: libcurl's defaults, the system's
+  // CAs and no client certificate). A private CA and a client certificate
+  // are how a self-hosted etcd is secured.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 struct HttpResponse {
