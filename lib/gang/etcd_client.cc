@@ -462,6 +462,14 @@ bool NeverSent(const Status& s) {
   return s.message().find("Connection timed out after") != std::string::npos;
 }
 
+// etcd's TLS refused our client certificate (or got none). With TLS 1.3
+// the alert arrives after the handshake, so libcurl reports a failed send
+// or read: the request was never processed, and no retry will fix it.
+bool CertificateRefused(const Status& s) {
+  return s.message().find("alert bad certificate") != std::string::npos ||
+         s.message().find("alert certificate required") != std::string::npos;
+}
+
 // The token was refused (expired, or the server restarted: simple tokens
 // live in memory) or not sent while auth is on, or the auth store moved on.
 bool IsAuthError(const EtcdError& e) {
@@ -680,6 +688,7 @@ class EtcdClientImpl final : public EtcdClient {
             return OkStatus();
           }
           Status s = Named(what, r.status());
+          if (CertificateRefused(r.status())) return CertificateError(s);
           if (established) {
             return UnavailableError(fmt::format("{}; the stream broke after revision {}: re-watch from {}", s.message(),
                                                 last_revision, last_revision + 1));
@@ -714,6 +723,10 @@ class EtcdClientImpl final : public EtcdClient {
       // The caller ended the watch; a compaction seen first is still news.
       if (result.code() == kEtcdCompacted) return result;
       return OkStatus();
+    }
+    if (result.code() == StatusCode::kCancelled) {
+      // The backoff would have run past the deadline: etcd stayed out of reach.
+      return Redact(UnavailableError(what + ": out of time: " + result.message()));
     }
     return Redact(result);
   }
@@ -828,6 +841,12 @@ class EtcdClientImpl final : public EtcdClient {
     return Redact(Status(StatusFromGrpc(e.grpc_code), msg));
   }
 
+  Status CertificateError(const Status& s) const {
+    return PermissionDeniedError(fmt::format("{}; etcd refused the client certificate: check the etcd cert and key "
+                                             "files ({}) and that etcd's CA signed them",
+                                             s.message(), o_.cert_file.empty() ? "none configured" : o_.cert_file));
+  }
+
   Status Named(const std::string& what, const Status& s) const {
     if (s.ok()) return s;
     return Redact(Status(s.code(), what + ": " + s.message()));
@@ -894,6 +913,7 @@ class EtcdClientImpl final : public EtcdClient {
       if (!r.ok()) {
         Status s = Named(what, r.status());  // libcurl's message names the URL
         if (ctx.cancelled() || ctx.expired() || r.status().code() == StatusCode::kInvalidArgument) return s;
+        if (CertificateRefused(r.status())) return CertificateError(s);
         if (idem == Idempotency::kIdempotent || NeverSent(r.status())) {
           last = UnavailableError(s.message());
           continue;

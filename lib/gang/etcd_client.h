@@ -128,6 +128,8 @@ class EtcdClient {
   // now) to on_events, on the calling thread, in revision order; `revision`
   // is the store's revision as of the batch. An empty batch says the watch
   // is in place as of `revision` (sent once, when etcd confirms it).
+  // on_events runs inside the HTTP transfer: it must not throw, and the
+  // stream waits while it runs.
   // Returns when:
   // - ctx is cancelled or its deadline passes: OkStatus (the watch ended
   //   because the caller asked; re-watch from the last revision seen + 1);

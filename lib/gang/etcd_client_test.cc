@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <deque>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "storage/crc32c.h"
 
@@ -543,6 +545,53 @@ TEST_CASE("client: a watch refused for its token re-authenticates once", "[etcd]
   Status s = h.client->Watch("a", "", 1, [](const std::vector<EtcdEvent>&, std::int64_t) {}, Background());
   CHECK(s.code() == kEtcdCompacted);
   CHECK(tokens == 2);
+}
+
+// Holds the request open until cancelled, like a watch with nothing to say.
+struct Parked {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool parked = false, cancelled = false;
+};
+
+class ParkedHttp final : public HttpClient {
+ public:
+  explicit ParkedHttp(std::shared_ptr<Parked> p) : p_(std::move(p)) {}
+  StatusOr<HttpResponse> Perform(const HttpRequest& request) override {
+    std::unique_lock lk(p_->mu);
+    p_->parked = true;
+    p_->cv.notify_all();
+    p_->cv.wait(lk, [this] { return p_->cancelled; });
+    return CancelledError(request.url + ": cancelled");
+  }
+  void Cancel() override {
+    std::lock_guard lk(p_->mu);
+    p_->cancelled = true;
+    p_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Parked> p_;
+};
+
+TEST_CASE("client: cancelling the context cuts a parked watch short through the HTTP client's Cancel", "[etcd]") {
+  NoSleep sleeper;
+  FixedClock clock;
+  auto parked = std::make_shared<Parked>();
+  auto client = MakeEtcdClient(TwoEndpoints(), sleeper, clock, [parked] { return std::make_unique<ParkedHttp>(parked); });
+  CallContext ctx;
+  ctx.cancel = std::make_shared<CancelSource>();
+  Status result = InternalError("not returned");
+  std::thread t([&] { result = client->Watch("a", "", 0, [](const std::vector<EtcdEvent>&, std::int64_t) {}, ctx); });
+  {
+    std::unique_lock lk(parked->mu);
+    parked->cv.wait(lk, [&] { return parked->parked; });
+  }
+  ctx.cancel->Cancel();
+  t.join();
+  CHECK(result.ok());
+  std::lock_guard lk(parked->mu);
+  CHECK(parked->cancelled);
 }
 
 }  // namespace

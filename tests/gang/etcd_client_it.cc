@@ -534,8 +534,9 @@ TEST_CASE("TLS with client certificates", "[it]") {
   EtcdOptions no_cert;
   no_cert.ca_file = tls.ca;
   auto refused = Client({etcd.Url()}, no_cert)->Range("tls/k", "", Within(3s));
-  CHECK_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kPermissionDenied);
   INFO(refused.status().message());
+  CHECK(refused.status().message().find("client certificate") != std::string::npos);
   CHECK(refused.status().message().find(etcd.Url()) != std::string::npos);
   EtcdOptions no_ca;
   no_ca.cert_file = tls.client_cert;
