@@ -17,7 +17,7 @@ written by install-spotvisor.sh):
 
   169.254.169.254:80        fake_imds.py      (also metadata.google.internal: spotvisor's GCE probe meets it)
   AWS_FAKES_ADDR:9000       fake_s3.py        (AWS_ENDPOINT_URL_S3)
-  AWS_FAKES_ADDR:9001       reserved: a fake CloudWatch Logs (AWS_ENDPOINT_URL_CLOUDWATCH_LOGS), not yet
+  AWS_FAKES_ADDR:9001       fake_cloudwatch_logs.py (AWS_ENDPOINT_URL_CLOUDWATCH_LOGS)
   AWS_FAKES_ADDR:9002       fake_ec2.py       (AWS_ENDPOINT_URL_EC2: the spotvisor-phase tag)
 
 FAKES_ADDR and AWS_FAKES_ADDR are other addresses on the guest's link rather
@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
 
+from fake_cloudwatch_logs import FakeCloudWatchLogsServer  # noqa: E402
 from fake_ec2 import FakeEc2Server  # noqa: E402
 from fake_gcs import FakeGcsServer  # noqa: E402
 from fake_imds import FakeImdsServer  # noqa: E402
@@ -64,7 +65,7 @@ METADATA_ADDR = "169.254.169.254"    # GCE's metadata server and EC2's IMDS, at 
 # same drop-in and never use it (gs:// buckets, no EC2 API): nothing listens there for them.
 AWS_FAKES_ADDR = "169.254.0.11"
 S3_GUEST_PORT = 9000
-CLOUDWATCH_LOGS_GUEST_PORT = 9001   # reserved for the CloudWatch Logs sink (not forwarded yet)
+CLOUDWATCH_LOGS_GUEST_PORT = 9001   # fake CloudWatch Logs (log-to = auto on EC2)
 EC2_GUEST_PORT = 9002
 AWS_ENDPOINTS = {
     "AWS_ENDPOINT_URL_S3": f"http://{AWS_FAKES_ADDR}:{S3_GUEST_PORT}",
@@ -166,7 +167,7 @@ class Ec2Fakes:
     they answered was signed with the keys spotvisor got from IMDS."""
 
     def __init__(self, tags, user_data=None):
-        self.imds = self.s3 = self.ec2 = None
+        self.imds = self.s3 = self.ec2 = self.cloudwatch_logs = None
         try:
             self.imds = FakeImdsServer(instance_id=EC2_INSTANCE_ID, region=EC2_REGION, tags=tags,
                                        user_data=user_data).start()
@@ -175,28 +176,22 @@ class Ec2Fakes:
             self.s3.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
             self.ec2 = FakeEc2Server(region=EC2_REGION, instances=[EC2_INSTANCE_ID]).start()
             self.ec2.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
-            # ---- CloudWatch Logs: reserved (AWS_ENDPOINTS["AWS_ENDPOINT_URL_CLOUDWATCH_LOGS"]).
-            # When spotvisor's CloudWatch Logs sink lands, start its fake here, e.g.
-            #   self.cloudwatch_logs = FakeCloudWatchLogsServer(region=EC2_REGION).start()
-            #   self.cloudwatch_logs.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
-            # and forwards() below forwards CLOUDWATCH_LOGS_GUEST_PORT to it. Until then nothing
-            # listens there (a connection from the guest gets no answer: restrict=on).
-            self.cloudwatch_logs = None
+            # CloudWatch Logs: log-to = auto writes there on EC2 (IMDS at its default address).
+            self.cloudwatch_logs = FakeCloudWatchLogsServer(region=EC2_REGION).start()
+            self.cloudwatch_logs.add_credentials(ROLE_KEY_ID, ROLE_SECRET, session_token=ROLE_TOKEN)
         except BaseException:
             self.stop()
             raise
 
     def forwards(self):
         """(guest address, guest port, host port) for QEMU's guestfwd rules."""
-        fwd = [(METADATA_ADDR, 80, self.imds.port),
-               (AWS_FAKES_ADDR, S3_GUEST_PORT, self.s3.port),
-               (AWS_FAKES_ADDR, EC2_GUEST_PORT, self.ec2.port)]
-        if self.cloudwatch_logs is not None:
-            fwd.append((AWS_FAKES_ADDR, CLOUDWATCH_LOGS_GUEST_PORT, self.cloudwatch_logs.port))
-        return fwd
+        return [(METADATA_ADDR, 80, self.imds.port),
+                (AWS_FAKES_ADDR, S3_GUEST_PORT, self.s3.port),
+                (AWS_FAKES_ADDR, EC2_GUEST_PORT, self.ec2.port),
+                (AWS_FAKES_ADDR, CLOUDWATCH_LOGS_GUEST_PORT, self.cloudwatch_logs.port)]
 
     def stop(self):
-        for f in (self.imds, self.s3, self.ec2, getattr(self, "cloudwatch_logs", None)):
+        for f in (self.imds, self.s3, self.ec2, self.cloudwatch_logs):
             if f is None:
                 continue
             try:
@@ -210,6 +205,22 @@ class Ec2Fakes:
 
     def object_bytes(self, name):
         return self.s3.get_object_bytes(BUCKET, name)
+
+    def cloudwatch_events(self, name=None):
+        """spotvisor's events in CloudWatch Logs (group spotvisor, stream INSTANCE/spotvisor)."""
+        try:
+            raw = self.cloudwatch_logs.events("spotvisor", f"{EC2_INSTANCE_ID}/spotvisor")
+        except Exception:  # noqa: BLE001 - no group or stream yet
+            return []
+        out = []
+        for e in raw:
+            try:
+                j = json.loads(e["message"])
+            except ValueError:
+                continue
+            if name is None or j.get("event") == name:
+                out.append(j)
+        return out
 
 
 class Qmp:

@@ -490,8 +490,17 @@ class BootTest(unittest.TestCase):
                                                         "SignatureDoesNotMatch", "AccessDenied")]
         self.assertFalse(denied, "S3 refused spotvisor's credentials")
         self.assertTrue([r for r in requests if r["kind"] == "put" and r["status"] == 200], kinds)
+        # Signed for the instance's region from the first request (no AWS_REGION in the unit): no redirect.
+        self.assertFalse([r for r in requests if r["error"] == "AuthorizationHeaderMalformed"], kinds)
         for secret in (ROLE_SECRET, ROLE_TOKEN):
             self.assertNotIn(secret[:16], vm.serial(), "the role's secret key or token is on the console")
+        # The logs in CloudWatch Logs (log-to = auto on EC2), signed with the same role, before power-off:
+        # the lines that say why the run ended.
+        wait_until(lambda: fakes.cloudwatch_events("run.end"), 15, "run.end in CloudWatch Logs")
+        self.assertEqual(fakes.cloudwatch_events("run.end")[0].get("reason"), "preempted")
+        self.assertTrue(fakes.cloudwatch_events("preemption.detected"), "preemption.detected in CloudWatch Logs")
+        trainer = [e["message"] for e in fakes.cloudwatch_logs.events("spotvisor", f"{EC2_INSTANCE_ID}/spotvisor-trainer")]
+        self.assertIn("fake_trainer received SIGINT", "\n".join(trainer))
 
         # EC2 powers the instance off at the notice's time (the ACPI power button, as on GCE).
         pressed = time.monotonic()
