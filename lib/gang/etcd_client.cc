@@ -789,6 +789,7 @@ class EtcdClientImpl final : public EtcdClient {
   void ForgetToken(const std::string& token) {
     std::lock_guard lk(mu_);
     if (token_ == token) token_.clear();
+    auth_off_ = false;  // etcd asked for a token after all: auth was enabled since
   }
 
   // The auth token ("" without auth), authenticating at `endpoint` if there
@@ -797,7 +798,7 @@ class EtcdClientImpl final : public EtcdClient {
     if (o_.user.empty()) return std::string();
     {
       std::lock_guard lk(mu_);
-      if (!token_.empty()) return token_;
+      if (!token_.empty() || auth_off_) return token_;
     }
     std::string what = fmt::format("etcd authentication as user {} at {}", Quote(o_.user), endpoint);
     HttpRequest req = Request(endpoint, "/v3/auth/authenticate",
@@ -805,10 +806,18 @@ class EtcdClientImpl final : public EtcdClient {
     auto r = http_.Send(req, ctx);
     if (!r.ok()) {
       Status s = Named(what, r.status());
+      if (CertificateRefused(r.status())) return CertificateError(s);
       return s.code() == StatusCode::kDeadlineExceeded && !ctx.expired() ? UnavailableError(s.message()) : s;
     }
     if (r->status / 100 != 2) {
       auto e = ParseError(r->status, r->body);
+      if (e.message.find("authentication is not enabled") != std::string::npos) {
+        // As clientv3 does: credentials for a cluster without auth are not
+        // an error; requests go without a token until etcd asks for one.
+        std::lock_guard lk(mu_);
+        auth_off_ = true;
+        return std::string();
+      }
       Status s = ErrorStatus(what, "", e);
       if (s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kPermissionDenied) {
         // etcd says InvalidArgument for a wrong password.
@@ -955,6 +964,7 @@ class EtcdClientImpl final : public EtcdClient {
   mutable std::mutex mu_;
   std::size_t preferred_ = 0;
   std::string token_;
+  bool auth_off_ = false;  // etcd said auth is not enabled
 };
 
 }  // namespace

@@ -445,6 +445,26 @@ TEST_CASE("client: auth sends the token, replaces a refused one once, and never 
   CHECK(wrong.status().message().find("\"root\"") != std::string::npos);
 }
 
+TEST_CASE("client: credentials for an etcd without auth send no token, and ask once", "[etcd]") {
+  EtcdOptions o = TwoEndpoints();
+  o.user = "root";
+  o.password = "pw-secret";
+  Harness h(o);
+  h.script.answer = [](const HttpRequest& r) -> StatusOr<HttpResponse> {
+    if (r.url.find("/v3/auth/authenticate") != std::string::npos) {
+      return Answer(400, R"({"error":"etcdserver: authentication is not enabled","message":"etcdserver: authentication is not enabled","code":9})");
+    }
+    return Answer(200, kRangeAnswer);
+  };
+  REQUIRE(h.client->Range("foo", "", Background()).ok());
+  REQUIRE(h.client->Range("foo", "", Background()).ok());
+  CHECK(h.Urls() == std::vector<std::string>{"http://a:2379/v3/auth/authenticate", "http://a:2379/v3/kv/range",
+                                             "http://a:2379/v3/kv/range"});
+  for (auto const& r : h.script.requests) {
+    for (auto const& [k, v] : r.headers) CHECK(k != "Authorization");
+  }
+}
+
 TEST_CASE("client: auth is on but no user is configured", "[etcd]") {
   Harness h(TwoEndpoints());
   h.script.answer = [](const HttpRequest&) -> StatusOr<HttpResponse> {
