@@ -21,6 +21,19 @@ namespace spotvisor {
 
 using json = nlohmann::json;
 
+// What etcd 3.4's gateway (grpc-gateway v1) does, checked against 3.4.23:
+// - proto3 JSON: bytes are base64, int64s are strings, and zero values are
+//   left out ("succeeded": false, "count": 0, a PUT event's "type", a
+//   keep-alive's TTL for a lease that is gone), so absent means zero.
+// - Errors: a non-2xx status with {"error":M,"message":M,"code":GRPC_CODE}.
+//   Inside a 2xx stream an error is a frame {"error":{"grpc_code",...}}.
+// - Streams (watch, lease keep-alive) are one JSON object per message, each
+//   followed by "\n", as {"result":{...}}; a keep-alive stream ends with
+//   its one request.
+// - Auth: the raw token in "Authorization" (no "Bearer"); no token while
+//   auth is on is code 3 "user name is empty", a stale one code 16; a
+//   watch refused for auth is a created+canceled frame whose cancel_reason
+//   is text ("rpc error: code = Unauthenticated desc = ...").
 namespace etcd_internal {
 namespace {
 

@@ -151,7 +151,10 @@ class Etcd {
       auto r = http->Perform(req);
       return r.ok() && r->status == 200 && r->body.find("true") != std::string::npos;
     });
-    if (!healthy) FAIL("etcd did not become healthy within 20 s; its log:\n" << Log());
+    if (!healthy) {
+      Kill();  // FAIL throws out of the constructor: no destructor will
+      FAIL("etcd did not become healthy within 20 s; its log:\n" << Log());
+    }
   }
 
   void Kill() {
