@@ -1,4 +1,5 @@
 #include "app/engine.h"
+#include "app/cloud.h"
 
 #include <algorithm>
 
@@ -239,65 +240,23 @@ int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger) {
   return kExitConfigError;
 }
 
-bool MetadataRequired(Mode mode) {
-  const char* host = std::getenv("GCE_METADATA_HOST");
-  return mode == Mode::kDaemon || (host != nullptr && *host != '\0');
-}
-
-std::unique_ptr<MetadataClient> NewMetadataClient(Mode mode) {
-  auto endpoint = MetadataEndpointFromEnv();
-  // Off GCE, 169.254.169.254 usually swallows packets: do not hang there.
-  if (!MetadataRequired(mode)) endpoint.connect_timeout = std::chrono::milliseconds(1000);
-  return MakeMetadataClient(endpoint, MakeCurlHttpClient(), MakeCurlHttpClient);
-}
-
 // log-to, read from the raw values so that it works even when some other
-// key is invalid (the error itself must reach the log API). On GCE the
-// Cloud Logging API, on EC2 CloudWatch Logs.
-Status AddCloudLogging(const ConfigResult& r, const MetadataSnapshot& metadata, Mode mode, const Clock& clock, Logger& logger) {
-  auto raw = [&](const char* key) { return std::string(Trim(r.values.at(key).value)); };
-  std::string log_to = raw("log-to");
+// key is invalid (the error itself must reach the log API): the cloud's own
+// (Cloud Logging on GCE, CloudWatch Logs on EC2).
+Status AddCloudLogging(const ConfigResult& r, const MetadataSnapshot& metadata, Cloud* cloud, Logger& logger) {
+  std::string log_to(Trim(r.values.at("log-to").value));
   if (!(log_to == "api" || (log_to == "auto" && metadata.default_address))) return OkStatus();
-  if (!metadata.available) {
+  if (cloud == nullptr) {
     return FailedPreconditionError(
         "log-to: api needs a metadata server (GCE: project, zone, instance id and a token; EC2: instance id and "
         "region), and none answered");
   }
-  if (metadata.cloud == "aws") {
-    if (metadata.region.empty()) {
-      return FailedPreconditionError("log-to: api on EC2 needs the region, and the instance metadata did not say it");
-    }
-    CloudWatchLogsOptions co;
-    co.region = metadata.region;
-    co.endpoint = CloudWatchLogsEndpoint(co.region);
-    co.instance_id = metadata.instance_id;
-    // An invalid log-group is a config error of its own; the default then,
-    // so that error still reaches CloudWatch.
-    co.log_group = r.config ? r.config->log_group : raw("log-group");
-    if (!ValidLogGroupName(co.log_group)) co.log_group = "spotvisor";
-    if (r.config) co.labels = r.config->log_labels;
-    auto creds = DefaultAwsCredentials(clock);
-    std::unique_ptr<AwsCredentialProvider> provider =
-        creds.ok() ? std::move(*creds) : std::make_unique<FailingAwsCredentials>(creds.status());
-    auto sink = std::make_unique<CloudWatchLogsSink>(co, std::move(provider), MakeCurlHttpClient(), clock);
-    std::string events = sink->StreamName(false), trainer = sink->StreamName(true);
-    logger.AddSink(std::move(sink));
-    logger.Info("log.api", fmt::format("logging to CloudWatch Logs ({}) in log group {}, streams {} and {}",
-                                       co.endpoint, co.log_group, events, trainer),
-                {{"service", "cloudwatch-logs"}, {"log_group", co.log_group}});
-    return OkStatus();
-  }
-  CloudLoggingOptions lo;
-  lo.endpoint = r.config ? r.config->logging_endpoint : raw("logging-endpoint");
-  while (!lo.endpoint.empty() && lo.endpoint.back() == '/') lo.endpoint.pop_back();
-  lo.project_id = metadata.project_id;
-  lo.instance_id = metadata.instance_id;
-  lo.zone = metadata.zone;
-  if (r.config) lo.labels = r.config->log_labels;
-  logger.AddSink(std::make_unique<CloudLoggingSink>(lo, std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock),
-                                                    MakeCurlHttpClient()));
-  logger.Info("log.api", fmt::format("logging to Cloud Logging ({}) as projects/{}/logs/spotvisor and spotvisor-trainer",
-                                     lo.endpoint, metadata.project_id));
+  std::string description;
+  nlohmann::json fields = nlohmann::json::object();
+  auto sink = cloud->MakeLogSink(r, description, fields);
+  if (!sink.ok()) return sink.status();
+  logger.AddSink(std::move(*sink));
+  logger.Info("log.api", description, std::move(fields));
   return OkStatus();
 }
 
@@ -723,7 +682,7 @@ int RunEngine(const EngineOptions& options) {
                                (metadata.cloud == "aws" && !EnvSet("AWS_EC2_METADATA_SERVICE_ENDPOINT"));
   }
   const bool on_gce = metadata.available && metadata.cloud == "gce";
-  const bool on_aws = metadata.available && metadata.cloud == "aws";
+  std::unique_ptr<Cloud> cloud = MakeCloud(metadata, options.mode, clock);
   auto result = LoadConfig(options, metadata);
   PrepareHost(result, options.mode);
   if (!result.errors.empty()) result.config.reset();
@@ -740,23 +699,11 @@ int RunEngine(const EngineOptions& options) {
   if (result.config) logger.SetLabel("run_id", result.config->run_id);
   // Cloud Logging before the first warning or error: "why did my VM power
   // off right away" is answered by a config.error entry there.
-  if (auto s = AddCloudLogging(result, metadata, options.mode, clock, logger); !s.ok()) {
+  if (auto s = AddCloudLogging(result, metadata, cloud.get(), logger); !s.ok()) {
     result.errors.push_back(s.message());
     result.config.reset();
   }
-  if (metadata.available) {
-    logger.Info("cloud.detected",
-                on_aws ? fmt::format("on EC2: instance {} in {} (the instance metadata service answered at {})",
-                                     metadata.instance_id, metadata.zone.empty() ? "?" : metadata.zone, imds->Endpoint())
-                       : fmt::format("on GCE: instance {} in {}", metadata.instance_name, metadata.zone),
-                {{"cloud", metadata.cloud}, {"instance", metadata.instance_name}, {"zone", metadata.zone}});
-  }
-  if (on_aws && metadata.ec2_tags_hidden) {
-    logger.Info("config.tags_hidden",
-                "instance tags are not exposed in the instance metadata, so spotvisor-KEY tags cannot configure this "
-                "run; to use them: aws ec2 modify-instance-metadata-options --instance-id " + metadata.instance_id +
-                    " --instance-metadata-tags enabled");
-  }
+  if (cloud) cloud->Announce(logger);
   for (auto const& w : result.warnings) logger.Warn("config.warning", w);
   if (!result.config) return EndWithConfigError(result, options.mode, logger);
   Config config = *result.config;
@@ -789,49 +736,7 @@ int RunEngine(const EngineOptions& options) {
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),
                 {{"bucket", so.sync->Describe()}});
   }
-  if (on_gce) {
-    so.guest_attributes = std::make_shared<GuestAttributesWriter>(NewMetadataClient(options.mode), [&logger](const Status& s) {
-      logger.Warn("guest_attributes.failed",
-                  "cannot write guest attributes (status stays in the logs and status.json): " + s.message());
-    });
-    InstanceRef ref{metadata.project_id, metadata.zone, metadata.instance_name};
-    auto endpoint = config.compute_endpoint;
-    auto mode = options.mode;
-    so.make_compute = [ref, endpoint, mode, &clock](Sleeper& retry_sleeper) {
-      return MakeComputeClient(endpoint, ref, std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode), clock),
-                               retry_sleeper);
-    };
-  }
-  if (on_aws && !metadata.region.empty()) {
-    Ec2InstanceRef ref{metadata.instance_id, metadata.region};
-    so.make_compute = [ref, &clock](Sleeper& retry_sleeper) -> std::unique_ptr<ComputeClient> {
-      auto creds = DefaultAwsCredentials(clock);
-      std::unique_ptr<AwsCredentialProvider> provider =
-          creds.ok() ? std::move(*creds) : std::make_unique<FailingAwsCredentials>(creds.status());
-      return MakeEc2ComputeClient("", ref, std::move(provider), retry_sleeper, clock);
-    };
-    so.compute_api = "the EC2 API";
-    // The phase as an instance tag: said once if the role may not tag.
-    auto tag_cancel = std::make_shared<CancelSource>();
-    auto creds = DefaultAwsCredentials(clock);
-    std::shared_ptr<Ec2Tagger> tagger = MakeEc2Tagger(
-        "", ref,
-        creds.ok() ? std::move(*creds) : std::make_unique<FailingAwsCredentials>(creds.status()), tag_sleeper, clock);
-    so.instance_tags = std::make_shared<GuestAttributesWriter>(
-        [tagger, tag_cancel, &clock](const std::string& key, const std::string& value) {
-          CallContext ctx;
-          ctx.cancel = tag_cancel;
-          ctx.clock = &clock;
-          ctx.deadline = clock.Now() + std::chrono::seconds(20);
-          return tagger->SetTag("spotvisor-" + key, value, ctx);
-        },
-        [tag_cancel] { tag_cancel->Cancel(); },
-        [&logger](const Status& s) {
-          logger.Warn("instance_tags.failed",
-                      "cannot set the instance tag spotvisor-phase (the phase stays in the logs and status.json): " +
-                          s.message());
-        });
-  }
+  if (cloud) cloud->AddInstanceControl(config, so, tag_sleeper, logger);
   so.notifier = MakeSystemdNotifier();
   std::unique_ptr<Mounter> mounter;
   if (HasMounts(config)) {
@@ -868,67 +773,15 @@ int RunEngine(const EngineOptions& options) {
   }
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 
-  std::vector<std::unique_ptr<MetadataWatcher>> watchers;
-  std::unique_ptr<Ec2NoticeWatcher> ec2_watcher;
-  if (on_aws) {
-    Ec2NoticeCallbacks cb;
-    cb.on_interruption = [&supervisor](const Ec2InterruptionNotice& n, const std::string& body) {
-      supervisor.NotifyPreempted(n.time, fmt::format("EC2 Spot interruption notice ({}: {})", n.action, body));
-    };
-    cb.on_rebalance = [&supervisor](const std::string& body) { supervisor.NotifyRebalance(body); };
-    cb.on_failing = [&logger](const Status& s) {
-      logger.Warn("metadata.unavailable",
-                  fmt::format("polling spot/instance-action: {}; still polling every second", s.message()),
-                  {{"path", "spot/instance-action"}, {"error", s.message()}});
-    };
-    cb.on_recovered = [&logger](int n) {
-      logger.Info("metadata.recovered", fmt::format("polling spot/instance-action again after {} failed poll(s)", n),
-                  {{"path", "spot/instance-action"}, {"failed_attempts", n}});
-    };
-    ec2_watcher = std::make_unique<Ec2NoticeWatcher>(MakeImdsClient(ImdsOptions{}, clock), clock,
-                                                     std::chrono::seconds(1), std::move(cb));
-  }
-  if (on_gce) {
-    auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change,
-                     std::function<bool(const Status&)> absent = nullptr) {
-      WatcherOptions wo;
-      wo.absent = std::move(absent);
-      wo.timeout_sec = std::chrono::duration_cast<std::chrono::seconds>(config.metadata_watch_timeout);
-      wo.backoff = std::make_unique<ExponentialBackoffPolicy>(std::chrono::milliseconds(100), std::chrono::seconds(2), 2.0);
-      WatcherCallbacks cb;
-      cb.on_change = std::move(on_change);
-      std::string p = path;
-      cb.on_failing = [&logger, p](const Status& s) {
-        logger.Warn("metadata.unavailable", fmt::format("watching {}: {}; retrying with backoff", p, s.message()),
-                    {{"path", p}, {"error", s.message()}});
-      };
-      cb.on_recovered = [&logger, p](int n) {
-        logger.Info("metadata.recovered", fmt::format("watching {} again after {} failed attempt(s)", p, n),
-                    {{"path", p}, {"failed_attempts", n}});
-      };
-      watchers.push_back(std::make_unique<MetadataWatcher>(NewMetadataClient(options.mode), path, std::move(initial),
-                                                           std::move(wo), std::move(cb)));
-    };
-    watch("instance/preempted", metadata.preempted, [&](const std::string& v) {
-      if (v == "TRUE") supervisor.NotifyPreempted();
-    });
-    watch("instance/maintenance-event", metadata.maintenance,
-          [&](const std::string& v) { supervisor.NotifyMaintenance(v); });
-    // The window of maintenance ahead (issue #14). ETag "0" cannot match, so
-    // the first request answers at once with what is scheduled now; 404 and
-    // 503 "no notifications" mean nothing is (asked again every 30 s).
-    watch("instance/upcoming-maintenance?alt=json", MetadataValue{"", "0"},
-          [&](const std::string& v) { supervisor.NotifyUpcomingMaintenance(v); }, IsNoMaintenanceAnswer);
-  }
+  std::unique_ptr<NoticeWatch> notices;
+  if (cloud) notices = cloud->WatchNotices(config, supervisor, logger);
   supervisor.Start();
-  for (auto& w : watchers) w->Start();
-  if (ec2_watcher) ec2_watcher->Start();
+  if (notices) notices->Start();
   {
     SignalWindow window(handled);
     io.run();
   }
-  for (auto& w : watchers) w->Stop();
-  if (ec2_watcher) ec2_watcher->Stop();
+  if (notices) notices->Stop();
   // Whatever the on-exit action, the run's last lines are delivered before
   // spotvisor exits, within a deadline: short when the VM is going down (a
   // preemption leaves ~30 s in all, and Cloud Logging may be what is slow).
