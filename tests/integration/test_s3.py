@@ -25,6 +25,16 @@ except ImportError:  # Debian's python3-boto3, installed by scripts/install-deps
     HAVE_BOTO3 = False
 
 
+def start_fake_s3(test, bucket):
+    """The fake S3 with one bucket and one key pair, stopped at the test's end, and the environment that points
+    spotvisor at it: the documented overrides, as the AWS SDKs and CLI read them."""
+    from fake_s3 import FakeS3Server
+    s3 = FakeS3Server(buckets=[bucket], credentials={AKID: SECRET}).start()
+    test.addCleanup(s3.stop)
+    return s3, {"AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_ACCESS_KEY_ID": AKID,
+                "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+
+
 class S3SyncTest(test_sync.FileSyncTest):
     """FileSyncTest's scenarios (preemption and resume, delta uploads, DONE, failed restores, periodic and
     on-demand syncs) through s3://, plus S3's own."""
@@ -34,12 +44,7 @@ class S3SyncTest(test_sync.FileSyncTest):
 
     def setUp(self):
         super().setUp()
-        from fake_s3 import FakeS3Server
-        self.s3 = FakeS3Server(buckets=[self.BUCKET], credentials={AKID: SECRET}).start()
-        self.addCleanup(self.s3.stop)
-        # The documented overrides, as the AWS SDKs and CLI read them.
-        self.extra_env = {"AWS_ENDPOINT_URL_S3": self.s3.endpoint, "AWS_ACCESS_KEY_ID": AKID,
-                          "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+        self.s3, self.extra_env = start_fake_s3(self, self.BUCKET)
 
     def bucket(self):
         return f"s3://{self.BUCKET}/exp"
@@ -401,11 +406,7 @@ class S3TwoVmsTest(SpotvisorTestCase):
 
     def setUp(self):
         super().setUp()
-        from fake_s3 import FakeS3Server
-        self.s3 = FakeS3Server(buckets=[self.BUCKET], credentials={AKID: SECRET}).start()
-        self.addCleanup(self.s3.stop)
-        self.env_s3 = {"AWS_ENDPOINT_URL_S3": self.s3.endpoint, "AWS_ACCESS_KEY_ID": AKID,
-                       "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+        self.s3, self.env_s3 = start_fake_s3(self, self.BUCKET)
 
     def vm(self, ckpt, state):
         from test_checkpoints import PYTHON, TRAINER
