@@ -311,9 +311,11 @@ Status GangCoordinator::Join(const CallContext& ctx) {
   auto lease = etcd_.LeaseGrant(options_.member_ttl, ctx);
   if (!lease.ok()) return lease.status();
   auto give_up = [&](Status s) {
-    CallContext c = ctx;
-    c.cancel = nullptr;  // the lease would otherwise hold the name for its TTL
-    (void)etcd_.LeaseRevoke(*lease, c.WithDeadline(clock_.Now() + std::chrono::seconds(2)));
+    // Even when ctx has ended: the lease would otherwise hold the name for its TTL.
+    CallContext c;
+    c.clock = &clock_;
+    c.deadline = clock_.Now() + std::chrono::seconds(2);
+    (void)etcd_.LeaseRevoke(*lease, c);
     return s;
   };
   const std::string value = MemberJson(self_);

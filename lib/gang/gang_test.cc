@@ -2,6 +2,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <map>
+#include <set>
+
 namespace spotvisor {
 namespace {
 
@@ -148,6 +151,310 @@ TEST_CASE("end records round-trip and are checked", "[gang]") {
 }
 
 TEST_CASE("the gang prefix", "[gang]") { CHECK(GangPrefix("train") == "/spotvisor/gang/train/"); }
+
+// ---------------------------------------------------------------------------
+// The coordinator over an in-memory etcd: no network, no real waits. A
+// parked watch moves the fake clock to its deadline, as if nothing happened
+// meanwhile.
+
+class FakeClock final : public Clock {
+ public:
+  SteadyTime Now() const override { return now; }
+  WallTime WallNow() const override { return std::chrono::system_clock::time_point{} + std::chrono::hours(490000); }
+  SteadyTime now{};
+};
+
+class RecordingSleeper final : public Sleeper {
+ public:
+  bool SleepFor(std::chrono::milliseconds d) override {
+    delays.push_back(d);
+    return true;
+  }
+  std::vector<std::chrono::milliseconds> delays;
+};
+
+class FakeEtcd final : public EtcdClient {
+ public:
+  explicit FakeEtcd(FakeClock& clock) : clock_(clock) {}
+
+  StatusOr<std::int64_t> LeaseGrant(std::chrono::seconds, const CallContext&) override {
+    leases.insert(next_lease);
+    return next_lease++;
+  }
+  StatusOr<std::chrono::seconds> LeaseKeepAlive(std::int64_t id, const CallContext&) override {
+    if (!leases.count(id)) return NotFoundError("lease not found");
+    return std::chrono::seconds(10);
+  }
+  StatusOr<std::chrono::seconds> LeaseTimeToLive(std::int64_t id, const CallContext& c) override { return LeaseKeepAlive(id, c); }
+  Status LeaseRevoke(std::int64_t id, const CallContext&) override {
+    if (!leases.erase(id)) return NotFoundError("lease not found");
+    std::vector<std::string> doomed;
+    for (const auto& [k, v] : kvs) {
+      if (v.lease == id) doomed.push_back(k);
+    }
+    for (const auto& k : doomed) Del(k);
+    return OkStatus();
+  }
+  StatusOr<std::int64_t> Put(const std::string& key, const std::string& value, std::int64_t lease, const CallContext&) override {
+    if (lease && !leases.count(lease)) return NotFoundError("requested lease not found");
+    return Set(key, value, lease);
+  }
+  StatusOr<std::pair<std::vector<EtcdKv>, std::int64_t>> Range(const std::string& key, const std::string& end,
+                                                               const CallContext&) override {
+    ++ranges;
+    return std::make_pair(In(key, end), rev);
+  }
+  StatusOr<std::int64_t> Delete(const std::string& key, const std::string&, const CallContext&) override {
+    return kvs.count(key) ? (Del(key), 1) : 0;
+  }
+  StatusOr<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& cmp, const std::vector<EtcdOp>& success,
+                              const std::vector<EtcdOp>& failure, const CallContext&) override {
+    ++txns;
+    bool ok = true;
+    for (const auto& c : cmp) {
+      auto it = kvs.find(c.key);
+      std::int64_t v = 0;
+      if (it != kvs.end()) v = c.target == EtcdCompare::kCreate ? it->second.create_revision : it->second.mod_revision;
+      REQUIRE(c.result == EtcdCompare::kEqual);
+      ok = ok && v == c.number;
+    }
+    EtcdTxnResult r;
+    r.succeeded = ok;
+    for (const auto& op : ok ? success : failure) {
+      if (op.kind == EtcdOp::kPut) Set(op.key, op.value, op.lease);
+      if (op.kind == EtcdOp::kRange) r.ranges.push_back(In(op.key, op.range_end));
+    }
+    r.revision = rev;
+    if (lose_answers > 0) {
+      --lose_answers;
+      return UnavailableError("etcd txn at http://fake: outcome unknown (timeout)");
+    }
+    return r;
+  }
+  Status Watch(const std::string& key, const std::string& end, std::int64_t start,
+               const std::function<void(const std::vector<EtcdEvent>&, std::int64_t)>& on_events,
+               const CallContext& ctx) override {
+    ++watches;
+    std::vector<EtcdEvent> batch;
+    for (const auto& e : history) {
+      if (e.kv.mod_revision >= start && e.kv.key >= key && e.kv.key < end) batch.push_back(e);
+    }
+    if (!batch.empty()) on_events(batch, rev);
+    if (ctx.cancelled()) return OkStatus();
+    if (on_park) {
+      auto fn = std::move(on_park);
+      on_park = nullptr;
+      fn();
+      return Watch(key, end, start, on_events, ctx);
+    }
+    if (ctx.deadline) clock_.now = std::max(clock_.now, *ctx.deadline);
+    return OkStatus();
+  }
+
+  std::int64_t Set(const std::string& key, const std::string& value, std::int64_t lease) {
+    ++rev;
+    auto& kv = kvs[key];
+    if (kv.create_revision == 0) kv.create_revision = rev;
+    kv.key = key;
+    kv.value = value;
+    kv.mod_revision = rev;
+    ++kv.version;
+    kv.lease = lease;
+    history.push_back({EtcdEvent::kPut, kv});
+    return rev;
+  }
+  void Del(const std::string& key) {
+    ++rev;
+    kvs.erase(key);
+    EtcdKv gone;
+    gone.key = key;
+    gone.mod_revision = rev;
+    history.push_back({EtcdEvent::kDelete, gone});
+  }
+  std::vector<EtcdKv> In(const std::string& key, const std::string& end) const {
+    std::vector<EtcdKv> out;
+    for (const auto& [k, v] : kvs) {
+      if (end.empty() ? k == key : (k >= key && k < end)) out.push_back(v);
+    }
+    return out;
+  }
+
+  std::map<std::string, EtcdKv> kvs;
+  std::vector<EtcdEvent> history;
+  std::set<std::int64_t> leases;
+  std::int64_t rev = 1, next_lease = 100;
+  int lose_answers = 0;  // the next Txns are applied, but their answers lost
+  int txns = 0, ranges = 0, watches = 0;
+  std::function<void()> on_park;  // runs once, when a watch would park: "another member acts"
+
+ private:
+  FakeClock& clock_;
+};
+
+struct Harness {
+  FakeClock clock;
+  RecordingSleeper sleeper;
+  FakeEtcd etcd{clock};
+  const std::string prefix = GangPrefix("g");
+
+  std::unique_ptr<GangCoordinator> Coordinator(const GangMember& m, int size = 2) {
+    return std::make_unique<GangCoordinator>(etcd, GangOptions{"g", size, std::chrono::seconds(10)}, m, clock, sleeper);
+  }
+  CallContext Ctx(std::chrono::seconds d = std::chrono::seconds(600)) {
+    CallContext c;
+    c.clock = &clock;
+    c.deadline = clock.now + d;
+    return c;
+  }
+  // Another member, registered under a lease of its own.
+  std::int64_t Register(const GangMember& m) {
+    auto lease = etcd.LeaseGrant(std::chrono::seconds(10), Background());
+    etcd.Set(prefix + "members/" + m.instance, MemberJson(m), *lease);
+    return *lease;
+  }
+};
+
+TEST_CASE("coordinator: Join recognises its own registration when the Txn's answer was lost", "[gang]") {
+  Harness h;
+  auto self = M("vm-a", "10.0.0.1", 2);
+  auto c = h.Coordinator(self);
+  h.etcd.lose_answers = 1;
+  REQUIRE(c->Join(h.Ctx()).ok());
+  REQUIRE(h.etcd.kvs.count(h.prefix + "members/vm-a"));
+  CHECK(h.etcd.kvs[h.prefix + "members/vm-a"].version == 1);
+  CHECK(h.etcd.leases.size() == 1);  // not refused as somebody else, no second lease
+  CHECK(h.sleeper.delays.size() == 1);
+  CHECK(c->KeepAlive(h.Ctx()).ok());
+  REQUIRE(c->Leave(h.Ctx()).ok());
+  CHECK(h.etcd.kvs.empty());
+  CHECK(c->KeepAlive(h.Ctx()).code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("coordinator: Join refuses a name held by another boot, or by an unreadable record, and frees its lease", "[gang]") {
+  Harness h;
+  h.Register(M("vm-a", "10.0.0.9"));
+  auto self = M("vm-a", "10.0.0.1");
+  self.boot_id = "another-boot";
+  auto c = h.Coordinator(self);
+  Status s = c->Join(h.Ctx());
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  INFO(s.message());
+  CHECK(s.message().find("\"boot-vm-a\"") != std::string::npos);
+  CHECK(s.message().find("\"another-boot\"") != std::string::npos);
+  CHECK(s.message().find("\"10.0.0.9\"") != std::string::npos);
+  CHECK(h.etcd.leases.size() == 1);  // ours was revoked
+
+  h.etcd.Set(h.prefix + "members/vm-z", "\xff garbage", 0);
+  Status z = h.Coordinator(M("vm-z", "10.0.0.2"))->Join(h.Ctx());
+  CHECK(z.code() == StatusCode::kFailedPrecondition);
+  CHECK(z.message().find("unreadable") != std::string::npos);
+}
+
+TEST_CASE("coordinator: a lost commit answer is recognised, the generation adopted, not committed twice", "[gang]") {
+  Harness h;
+  h.Register(M("vm-b", "10.0.0.2", 2));
+  auto c = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  REQUIRE(c->Join(h.Ctx()).ok());
+  h.etcd.lose_answers = 1;
+  auto g = c->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  CHECK(g->number == 1);
+  CHECK(Names(g->members) == Names_{"vm-a", "vm-b"});
+  CHECK(h.etcd.kvs[h.prefix + "generation"].version == 1);
+  auto stored = ParseGeneration(h.etcd.kvs[h.prefix + "generation"].value);
+  REQUIRE(stored.ok());
+  CHECK(*stored == *g);
+}
+
+TEST_CASE("coordinator: waits (watching) for the last member, then commits; a standby keeps waiting", "[gang]") {
+  Harness h;
+  auto c = h.Coordinator(M("vm-a", "10.0.0.5", 2));
+  CHECK(c->AwaitGeneration(h.Ctx()).status().code() == StatusCode::kNotFound);  // not joined
+  REQUIRE(c->Join(h.Ctx()).ok());
+  h.etcd.on_park = [&] { h.Register(M("vm-b", "10.0.0.2", 2)); };
+  auto g = c->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  CHECK(Names(g->members) == Names_{"vm-b", "vm-a"});
+  CHECK(h.sleeper.delays.empty());
+
+  auto standby = h.Coordinator(M("vm-s", "10.0.0.1", 2));
+  REQUIRE(standby->Join(h.Ctx()).ok());
+  int ranges = h.etcd.ranges;
+  auto r = standby->AwaitGeneration(h.Ctx(std::chrono::seconds(300)));
+  CHECK(r.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(h.etcd.ranges == ranges + 1);  // read once, then watched: no polling
+  CHECK(h.etcd.kvs[h.prefix + "generation"].version == 1);
+}
+
+TEST_CASE("coordinator: a member already gone ends the generation, recorded once, same reason for all", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  REQUIRE(a->Join(h.Ctx()).ok());
+  auto lease_b = h.Register(M("vm-b", "10.0.0.2", 2));
+  auto g = a->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  REQUIRE(h.etcd.LeaseRevoke(lease_b, Background()).ok());
+  auto why = a->AwaitEnd(*g, h.Ctx());
+  REQUIRE(why.ok());
+  CHECK(*why == "member vm-b is gone");
+  auto rec = ParseEnd(h.etcd.kvs[h.prefix + "end/1"].value);
+  REQUIRE(rec.ok());
+  CHECK(rec->by == "vm-a");
+  CHECK(a->AwaitEnd(*g, h.Ctx()).value() == "member vm-b is gone");
+
+  // The end record arrives while parked: taken from the event.
+  h.Register(M("vm-b", "10.0.0.2", 2));
+  auto g2 = a->AwaitGeneration(h.Ctx());
+  REQUIRE(g2.ok());
+  CHECK(g2->number == 2);
+  CHECK(Names(g2->members) == Names_{"vm-a", "vm-b"});
+  h.etcd.on_park = [&] { h.etcd.Set(h.prefix + "end/2", EndJson({"vm-b", "preempted", ""}), 0); };
+  CHECK(a->AwaitEnd(*g2, h.Ctx()).value() == "preempted");
+}
+
+TEST_CASE("coordinator: EndGeneration after a lost answer returns its own reason; a later one the first", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  h.etcd.lose_answers = 1;
+  CHECK(a->EndGeneration(4, "preempted", h.Ctx()).value() == "preempted");
+  CHECK(a->EndGeneration(4, "maintenance", h.Ctx()).value() == "preempted");
+  CHECK(h.etcd.kvs[h.prefix + "end/4"].version == 1);
+  h.etcd.Set(h.prefix + "end/5", "{not json", 0);
+  auto odd = a->EndGeneration(5, "x", h.Ctx());
+  REQUIRE(odd.ok());
+  CHECK(odd->find("unreadable") != std::string::npos);
+}
+
+TEST_CASE("coordinator: what other members wrote is checked: garbage is named, never trusted", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  REQUIRE(a->Join(h.Ctx()).ok());
+  h.Register(M("vm-b", "10.0.0.2", 2));
+  SECTION("a member key that holds no member") {
+    h.etcd.Set(h.prefix + "members/evil", "[1,2,3]", 0);
+    auto r = a->AwaitGeneration(h.Ctx());
+    CHECK(r.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(r.status().message().find("members/evil") != std::string::npos);
+  }
+  SECTION("a member key whose record names another instance") {
+    h.etcd.Set(h.prefix + "members/vm-c", MemberJson(M("vm-d", "10.0.0.4", 2)), 0);
+    CHECK(a->AwaitGeneration(h.Ctx()).status().code() == StatusCode::kFailedPrecondition);
+  }
+  SECTION("an unreadable generation record") {
+    h.etcd.Set(h.prefix + "generation", R"({"generation":-1})", 0);
+    auto r = a->AwaitGeneration(h.Ctx());
+    CHECK(r.status().code() == StatusCode::kInternal);
+    CHECK(r.status().message().find("delete it") != std::string::npos);
+  }
+  SECTION("members disagree on the size") {
+    h.Register(M("vm-c", "10.0.0.3", 5));
+    auto r = a->AwaitGeneration(h.Ctx());
+    CHECK(r.status().code() == StatusCode::kFailedPrecondition);
+    CHECK(r.status().message().find("\"vm-c\" (\"10.0.0.3\") has 5") != std::string::npos);
+    CHECK_FALSE(h.etcd.kvs.count(h.prefix + "generation"));
+  }
+}
+
 
 }  // namespace
 }  // namespace spotvisor
