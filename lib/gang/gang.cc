@@ -160,7 +160,9 @@ StatusOr<GangMember> ParseMember(std::string_view text) {
 
 std::string GenerationJson(const Generation& g) {
   json members = json::array();
-  for (const auto& m : g.members) members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank}});
+  for (const auto& m : g.members) {
+    members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank}, {"registered", m.registered}});
+  }
   return Dump(json{{"generation", g.number}, {"formed_at", g.formed_at}, {"members", members}});
 }
 
@@ -186,6 +188,11 @@ StatusOr<Generation> ParseGeneration(std::string_view text) {
                         Int(e, "rank", 0, static_cast<std::int64_t>(kMaxMembers), rank)});
         !s.ok()) {
       return bad("member " + std::to_string(g.members.size()) + ": " + s.message());
+    }
+    if (e.contains("registered")) {
+      if (auto s = Int(e, "registered", 0, std::numeric_limits<std::int64_t>::max(), m.registered); !s.ok()) {
+        return bad("member " + std::to_string(g.members.size()) + ": " + s.message());
+      }
     }
     if (rank != static_cast<std::int64_t>(g.members.size())) {
       return bad(fmt::format("member {} has rank {}: members must be listed in rank order 0, 1, ...", Quoted(m.instance), rank));
@@ -250,7 +257,7 @@ struct GangCoordinator::Snapshot {
   std::int64_t revision = 0;
   struct Live {
     GangMember member;
-    std::int64_t mod_revision = 0;
+    std::int64_t mod_revision = 0, create_revision = 0;
   };
   std::map<std::string, Live> members;  // by instance
   std::vector<std::string> unreadable;  // member keys that hold no member: named in refusals
@@ -271,6 +278,9 @@ struct GangCoordinator::Snapshot {
     for (const auto& m : g.members) {
       auto it = members.find(m.instance);
       if (it == members.end()) return fmt::format("member {} is gone", m.instance);
+      if (m.registered != 0 && it->second.create_revision != m.registered) {
+        return fmt::format("member {} was gone (it registered again)", m.instance);
+      }
       if (it->second.member.ip != m.ip) {
         return fmt::format("member {} changed its IP from {} to {}", m.instance, m.ip, it->second.member.ip);
       }
@@ -307,6 +317,12 @@ Status GangCoordinator::Backoff(const Status& why, int attempt, const CallContex
 }
 
 Status GangCoordinator::Join(const CallContext& ctx) {
+  if (options_.name.empty() || options_.name.find('/') != std::string::npos || options_.size < 1 ||
+      self_.instance.empty() || self_.instance.find('/') != std::string::npos || self_.ip.empty()) {
+    return InvalidArgumentError(fmt::format("gang {}: cannot join as instance {} at {} in a gang of {}: the gang name "
+                                            "and instance name must be non-empty without '/', the IP set, the size >= 1",
+                                            Quoted(options_.name), Quoted(self_.instance), Quoted(self_.ip), options_.size));
+  }
   const std::string key = MemberKey(self_.instance);
   auto lease = etcd_.LeaseGrant(options_.member_ttl, ctx);
   if (!lease.ok()) return lease.status();
@@ -352,7 +368,11 @@ Status GangCoordinator::Join(const CallContext& ctx) {
       if (auto s = Backoff(take.status(), attempt, ctx); !s.ok()) return give_up(s);
     }
   }
-  lease_ = *lease;
+  std::int64_t old = lease_.exchange(*lease);
+  if (old != 0 && old != *lease) {
+    // Joined before: the key has moved to the new lease, the old one holds nothing.
+    (void)etcd_.LeaseRevoke(old, ctx);
+  }
   return OkStatus();
 }
 
@@ -374,6 +394,8 @@ Status GangCoordinator::Leave(const CallContext& ctx) {
   if (lease == 0) return OkStatus();
   Status s = etcd_.LeaseRevoke(lease, ctx);
   if (s.ok() || s.code() == StatusCode::kNotFound) return OkStatus();
+  std::int64_t none = 0;
+  lease_.compare_exchange_strong(none, lease);  // still ours: Leave can be tried again
   return s;
 }
 
@@ -392,7 +414,7 @@ StatusOr<GangCoordinator::Snapshot> GangCoordinator::Read(const CallContext& ctx
       } else if (m->instance != name) {
         s.unreadable.push_back(fmt::format("{} holds instance {}", Quoted(kv.key), Quoted(m->instance)));
       } else {
-        s.members[name] = Snapshot::Live{std::move(*m), kv.mod_revision};
+        s.members[name] = Snapshot::Live{std::move(*m), kv.mod_revision, kv.create_revision};
       }
     } else if (kv.key.starts_with(ends)) {
       auto n = etcd_internal::ParseInt64(std::string_view(kv.key).substr(ends.size()));
@@ -450,6 +472,7 @@ StatusOr<std::optional<Generation>> GangCoordinator::TryCommit(const Snapshot& s
                                                                const CallContext& ctx) {
   const std::string key = prefix_ + "generation";
   Generation g{s.Highest() + 1, FormatRfc3339(clock_.WallNow()), chosen};
+  for (auto& m : g.members) m.registered = s.members.at(m.instance).create_revision;
   std::vector<EtcdCompare> cmp;
   if (s.generation_mod == 0) {
     cmp.push_back({EtcdCompare::kCreate, EtcdCompare::kEqual, key, 0, ""});

@@ -12,7 +12,8 @@
 //   same instance name is refused, named, unless the key it finds carries the
 //   same boot_id (a spotvisor restarted on the same boot registers again).
 // - PREFIX "generation": {"generation":N,"formed_at":RFC3339,"members":
-//   [{"instance","ip","rank"}...]} in rank order. Committed by ONE Txn that
+//   [{"instance","ip","rank","registered"}...]} in rank order ("registered":
+//   the create_revision of the member's key at commit). Committed by ONE Txn that
 //   compares the generation key's mod_revision with the one read
 //   (create_revision == 0 when there was none) AND every chosen member's key
 //   with the mod_revision read: nobody can commit over a generation or a
@@ -24,9 +25,20 @@
 //   generation stays ended.
 //
 // A generation is in force while it has no end record and each of its
-// members is live (key present, same IP). A member whose key disappears
-// (lease expired, Leave) ends the generation: whoever notices first writes
-// the end record "member X is gone", so every member reports the same reason.
+// members is live: key present, not created anew since the commit, same IP.
+// A member whose key disappears (lease expired, Leave) ends the generation:
+// whoever notices first writes the end record "member X is gone", so every
+// member reports the same reason. A spotvisor restarted on the same boot
+// takes its key over without recreating it, so it finds itself in the
+// generation in force and gets it back from AwaitGeneration: if its trainer
+// did not survive the restart, the caller ends the generation.
+//
+// Split brain: a member's lease is its only claim to be alive. While etcd
+// itself is down nobody can expire or end anything (and etcd renews every
+// lease when it comes back), so trainers keep running; a member cut off from
+// etcd alone loses its lease after member_ttl and the others end the
+// generation: a member that cannot reach etcd cannot take part in the next
+// agreement either, so for the gang it is gone.
 //
 // Ranks (AssignRanks, a pure function): an instance of the previous
 // generation keeps its rank while it is live; the free ranks go to the other
@@ -75,6 +87,10 @@ struct GangMember {
 struct RankedMember {
   std::string instance, ip;
   int rank = 0;
+  // The create_revision of the member's key when the generation was
+  // committed (0: not recorded). A key created anew since then means the
+  // member was gone in between, even if nobody saw it go.
+  std::int64_t registered = 0;
   friend bool operator==(const RankedMember&, const RankedMember&) = default;
 };
 
@@ -125,6 +141,9 @@ class GangCoordinator {
   // self.size is taken from options.size.
   GangCoordinator(EtcdClient& etcd, GangOptions options, GangMember self, const Clock& clock, Sleeper& sleeper);
 
+  // KeepAlive may run on its own thread alongside the other calls; the
+  // others are meant for one thread.
+  //
   // Grants a lease and registers this member under it. kFailedPrecondition
   // when another machine holds the instance name.
   Status Join(const CallContext& ctx);

@@ -113,7 +113,7 @@ TEST_CASE("member records round-trip and are checked", "[gang]") {
 }
 
 TEST_CASE("generation records round-trip and are checked", "[gang]") {
-  Generation g{7, "2026-11-25T08:00:00.000Z", {{"a", "10.0.0.1", 0}, {"b", "10.0.0.2", 1}}};
+  Generation g{7, "2026-11-25T08:00:00.000Z", {{"a", "10.0.0.1", 0, 12}, {"b", "10.0.0.2", 1, 0}}};
   auto back = ParseGeneration(GenerationJson(g));
   REQUIRE(back.ok());
   CHECK(*back == g);
@@ -129,6 +129,8 @@ TEST_CASE("generation records round-trip and are checked", "[gang]") {
            R"({"generation":1,"members":[7]})",
            R"({"generation":1,"members":[{"instance":"a","rank":0}]})",
            R"({"generation":1,"formed_at":5,"members":[{"instance":"a","ip":"1","rank":0}]})",
+           R"({"generation":1,"members":[{"instance":"a","ip":"1","rank":0,"registered":"5"}]})",
+           R"({"generation":1,"members":[{"instance":"a","ip":"1","rank":0,"registered":-5}]})",
            "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
        }) {
     INFO(bad);
@@ -325,9 +327,21 @@ TEST_CASE("coordinator: Join recognises its own registration when the Txn's answ
   CHECK(h.etcd.leases.size() == 1);  // not refused as somebody else, no second lease
   CHECK(h.sleeper.delays.size() == 1);
   CHECK(c->KeepAlive(h.Ctx()).ok());
+  // Joining again moves the key to a new lease and frees the old one.
+  REQUIRE(c->Join(h.Ctx()).ok());
+  CHECK(h.etcd.leases.size() == 1);
+  CHECK(h.etcd.kvs[h.prefix + "members/vm-a"].version == 2);
   REQUIRE(c->Leave(h.Ctx()).ok());
   CHECK(h.etcd.kvs.empty());
   CHECK(c->KeepAlive(h.Ctx()).code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("coordinator: Join refuses what cannot be a key", "[gang]") {
+  Harness h;
+  CHECK(h.Coordinator(M("a/b", "10.0.0.1"))->Join(h.Ctx()).code() == StatusCode::kInvalidArgument);
+  CHECK(h.Coordinator(M("a", ""))->Join(h.Ctx()).code() == StatusCode::kInvalidArgument);
+  CHECK(h.Coordinator(M("a", "10.0.0.1"), 0)->Join(h.Ctx()).code() == StatusCode::kInvalidArgument);
+  CHECK(h.etcd.leases.empty());
 }
 
 TEST_CASE("coordinator: Join refuses a name held by another boot, or by an unreadable record, and frees its lease", "[gang]") {
@@ -401,6 +415,16 @@ TEST_CASE("coordinator: a member already gone ends the generation, recorded once
   REQUIRE(rec.ok());
   CHECK(rec->by == "vm-a");
   CHECK(a->AwaitEnd(*g, h.Ctx()).value() == "member vm-b is gone");
+
+  // Gone and back before anyone looked: the key was created anew.
+  auto g1b = [&] {
+    h.etcd.Del(h.prefix + "end/1");
+    return *g;
+  }();
+  CHECK(g1b.members[1].registered != 0);
+  auto lease_b2 = h.Register(M("vm-b", "10.0.0.2", 2));
+  CHECK(a->AwaitEnd(g1b, h.Ctx()).value() == "member vm-b was gone (it registered again)");
+  REQUIRE(h.etcd.LeaseRevoke(lease_b2, Background()).ok());
 
   // The end record arrives while parked: taken from the event.
   h.Register(M("vm-b", "10.0.0.2", 2));
