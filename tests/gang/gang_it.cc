@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <atomic>
 #include <future>
 #include <memory>
 #include <thread>
@@ -116,6 +117,7 @@ class Vm {
     keepalive_.join();
   }
   GangCoordinator& c() { return *coord_; }
+  int keepalive_failures() const { return failures_; }
 
  private:
   void StartKeepAlive() {
@@ -124,7 +126,9 @@ class Vm {
     keepalive_ = std::thread([this, stop = stop_] {
       auto every = std::chrono::duration_cast<std::chrono::milliseconds>(ttl_) / 3;
       while (stop->WaitFor(every)) {
-        if (coord_->KeepAlive(Within(5s, stop)).code() == StatusCode::kNotFound) return;
+        Status s = coord_->KeepAlive(Within(5s, stop));
+        if (s.code() == StatusCode::kNotFound) return;
+        if (!s.ok()) ++failures_;
       }
     });
   }
@@ -134,6 +138,7 @@ class Vm {
   std::unique_ptr<GangCoordinator> coord_;
   std::shared_ptr<CancelSource> stop_ = std::make_shared<CancelSource>();
   std::thread keepalive_;
+  std::atomic<int> failures_{0};
 };
 
 std::vector<std::string> ByRank(const Generation& g) {
@@ -302,6 +307,47 @@ TEST_CASE("three members form by IP, end together, lose one by lease expiry, re-
   auto last = admin->Range(gen_key, "", Within(5s));
   REQUIRE(last.ok());
   CHECK(last->first.at(0).version == 4);
+}
+
+TEST_CASE("etcd down for longer than the TTL ends nothing: the generation is still in force when it returns", "[it]") {
+  TempDir dir;
+  Etcd etcd(dir.path());
+  GangOptions o{"outage", 2, 2s};
+  Vm a(etcd, "vm-a", "10.0.0.1", o), b(etcd, "vm-b", "10.0.0.2", o);
+  REQUIRE(a.Join().ok());
+  REQUIRE(b.Join().ok());
+  Generation g = FormTogether({&a, &b});
+  auto ea = Async([&] { return a.c().AwaitEnd(g, Within(90s)); });
+  auto eb = Async([&] { return b.c().AwaitEnd(g, Within(90s)); });
+  WaitWatchers(etcd, 2);
+
+  auto t0 = Steady::now();
+  etcd.Kill();
+  // Down for longer than the TTL (the point of the case), and until both
+  // members' keep-alives have failed.
+  REQUIRE(WaitFor(30s, [&] {
+    return Steady::now() - t0 > 3s && a.keepalive_failures() > 0 && b.keepalive_failures() > 0;
+  }));
+  auto down_ms = MsSince(t0, Steady::now());
+  CHECK(down_ms > 2000);
+  CHECK(ea.wait_for(0s) == std::future_status::timeout);  // the trainers would keep running
+  CHECK(eb.wait_for(0s) == std::future_status::timeout);
+  etcd.Start();
+
+  // etcd renews every lease when it comes back: nobody is gone, and the
+  // generation ends only when a member says so.
+  auto lease_ok = WaitFor(15s, [&] { return a.c().KeepAlive(Within(2s)).ok() && b.c().KeepAlive(Within(2s)).ok(); });
+  CHECK(lease_ok);
+  auto won = a.c().EndGeneration(g.number, "done after the outage", Within(10s));
+  REQUIRE(won.ok());
+  CHECK(*won == "done after the outage");
+  auto ra = ea.get(), rb = eb.get();
+  INFO(ra.value.status().ToString() << " / " << rb.value.status().ToString());
+  REQUIRE(ra.value.ok());
+  REQUIRE(rb.value.ok());
+  CHECK(*ra.value == "done after the outage");
+  CHECK(*rb.value == "done after the outage");
+  std::printf("etcd outage: down %lld ms (TTL 2 s); the generation survived it\n", down_ms);
 }
 
 TEST_CASE("formation is refused, naming both, for a different size or command; a name is held by one machine", "[it]") {
