@@ -70,7 +70,7 @@ TEST_CASE("request bodies: base64 keys and values, int64s as strings, zero field
   CHECK(txn["failure"][1] == json{{"request_delete_range", {{"key", B64("a")}, {"range_end", B64("b")}}}});
 }
 
-TEST_CASE("ParseRange reads etcd's answer; missing fields are proto3 zeros", "[etcd]") {
+TEST_CASE("ParseRange reads etcd's answer and takes missing fields as proto3 zeros", "[etcd]") {
   auto r = ParseRange(kRangeAnswer);
   REQUIRE(r.ok());
   CHECK(r->second == 2);
