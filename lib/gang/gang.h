@@ -154,9 +154,13 @@ class GangCoordinator {
   // one, or commits one itself when `size` agreeing members are live and no
   // generation is in force. A standby keeps waiting. Watches, does not poll.
   // kNotFound when this member is not registered (Join first);
-  // kFailedPrecondition when the members disagree (see above).
+  // kFailedPrecondition when the members disagree or a member key holds no
+  // member (see above); kInternal when the generation record is unreadable
+  // (the message says to delete it). etcd being away is waited out, within ctx.
   StatusOr<Generation> AwaitGeneration(const CallContext& ctx);
-  // Ends generation n for everyone; returns the reason that won.
+  // Ends generation n for everyone; returns the reason that won. A member
+  // that is going away (preempted) should Leave once its part is done, so
+  // that the next formation does not count on it.
   StatusOr<std::string> EndGeneration(std::int64_t n, const std::string& reason, const CallContext& ctx);
   // Blocks until generation g ends and returns why: its end record's reason,
   // "member X is gone" (which it also records as the end), or "generation N
