@@ -380,7 +380,7 @@ TEST_CASE("coordinator: a lost commit answer is recognised, the generation adopt
   CHECK(*stored == *g);
 }
 
-TEST_CASE("coordinator: waits (watching) for the last member, then commits; a standby keeps waiting", "[gang]") {
+TEST_CASE("coordinator: waits (watching) for the last member, then commits, and a standby keeps waiting", "[gang]") {
   Harness h;
   auto c = h.Coordinator(M("vm-a", "10.0.0.5", 2));
   CHECK(c->AwaitGeneration(h.Ctx()).status().code() == StatusCode::kNotFound);  // not joined
@@ -436,7 +436,7 @@ TEST_CASE("coordinator: a member already gone ends the generation, recorded once
   CHECK(a->AwaitEnd(*g2, h.Ctx()).value() == "preempted");
 }
 
-TEST_CASE("coordinator: EndGeneration after a lost answer returns its own reason; a later one the first", "[gang]") {
+TEST_CASE("coordinator: EndGeneration after a lost answer returns its own reason, a later one the first", "[gang]") {
   Harness h;
   auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
   h.etcd.lose_answers = 1;

@@ -391,7 +391,7 @@ TEST_CASE("end-to-all latency over 20 generations of 4 members", "[it]") {
   CHECK(ends.back() < 1000);
 }
 
-TEST_CASE("formation is refused, naming both, for a different size or command; a name is held by one machine", "[it]") {
+TEST_CASE("formation is refused, naming both, for a different size or command, and a name is held by one machine", "[it]") {
   TempDir dir;
   Etcd etcd(dir.path());
   GangOptions three{"g-size", 3, 10s}, four{"g-size", 4, 10s};
