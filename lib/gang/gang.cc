@@ -417,8 +417,10 @@ StatusOr<GangCoordinator::Snapshot> GangCoordinator::Read(const CallContext& ctx
         s.members[name] = Snapshot::Live{std::move(*m), kv.mod_revision, kv.create_revision};
       }
     } else if (kv.key.starts_with(ends)) {
+      // Only the spelling EndKey writes: "end/05" must not end generation 5
+      // for a reader while a watcher of "end/5" waits on.
       auto n = etcd_internal::ParseInt64(std::string_view(kv.key).substr(ends.size()));
-      if (n && *n > 0) s.ends[*n] = kv.value;
+      if (n && *n > 0 && kv.key == EndKey(*n)) s.ends[*n] = kv.value;
     } else if (kv.key == generation) {
       s.generation_mod = kv.mod_revision;
       auto g = ParseGeneration(kv.value);

@@ -464,6 +464,15 @@ TEST_CASE("coordinator: what other members wrote is checked: garbage is named, n
     h.etcd.Set(h.prefix + "members/vm-c", MemberJson(M("vm-d", "10.0.0.4", 2)), 0);
     CHECK(a->AwaitGeneration(h.Ctx()).status().code() == StatusCode::kFailedPrecondition);
   }
+  SECTION("an end record under another spelling of the number ends nothing") {
+    h.etcd.Set(h.prefix + "end/01", EndJson({"x", "fake", ""}), 0);
+    h.etcd.Set(h.prefix + "end/+1", EndJson({"x", "fake", ""}), 0);
+    auto g = a->AwaitGeneration(h.Ctx());
+    REQUIRE(g.ok());
+    CHECK(g->number == 1);
+    h.etcd.on_park = [&] { h.etcd.Set(h.prefix + "end/1", EndJson({"vm-b", "real", ""}), 0); };
+    CHECK(a->AwaitEnd(*g, h.Ctx()).value() == "real");
+  }
   SECTION("an unreadable generation record") {
     h.etcd.Set(h.prefix + "generation", R"({"generation":-1})", 0);
     auto r = a->AwaitGeneration(h.Ctx());
