@@ -1,8 +1,9 @@
-// etcd's JSON gateway answers (issue #16): every parser of the etcd client on
-// any bytes gives a value or an error, never a crash, a hang or an
-// exception; the watch stream's frame splitter yields the same frames
-// whichever way the bytes are cut into chunks, and never buffers past its
-// bound.
+// etcd's JSON gateway answers (issue #16): every parser of the etcd client,
+// and the gang coordinator's parsers of what other members wrote, on any
+// bytes give a value or an error, never a crash, a hang or an exception; a
+// member or generation record accepted once reads back as itself; the watch
+// stream's frame splitter yields the same frames whichever way the bytes are
+// cut into chunks, and never buffers past its bound.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "gang/etcd_client.h"
+#include "gang/gang.h"
 
 using namespace spotvisor::etcd_internal;
 
@@ -26,6 +28,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   (void)ParseAuthenticate(body);
   (void)ParseError(size % 600, body);
   (void)ParseWatchFrame(body);
+  if (auto m = spotvisor::ParseMember(body); m.ok()) {
+    auto again = spotvisor::ParseMember(spotvisor::MemberJson(*m));
+    if (!again.ok() || !(*again == *m)) std::abort();
+  }
+  if (auto g = spotvisor::ParseGeneration(body); g.ok()) {
+    auto again = spotvisor::ParseGeneration(spotvisor::GenerationJson(*g));
+    if (!again.ok() || !(*again == *g)) std::abort();
+  }
+  if (auto e = spotvisor::ParseEnd(body); e.ok()) (void)spotvisor::ParseEnd(spotvisor::EndJson(*e));
   if (auto n = ParseInt64(body)) {
     if (ParseInt64(std::to_string(*n)) != n) std::abort();  // what it reads, it reads back
   }

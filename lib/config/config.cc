@@ -11,7 +11,6 @@
 
 #include "common/duration.h"
 #include "common/strings.h"
-#include "log/cloudwatch_logs_sink.h"
 #include "config/keys.h"
 #include "mount/mounter.h"
 #include "output/utf8.h"
@@ -503,6 +502,16 @@ std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c) {
   if (!c.scratch_disk.empty()) env.emplace_back("SPOTVISOR_SCRATCH_DIR", c.scratch_dir);
   if (!c.bucket_mount.empty()) env.emplace_back("SPOTVISOR_OUTPUT_DIR", c.bucket_mount);
   return env;
+}
+
+bool ValidLogGroupName(std::string_view name) {
+  if (name.empty() || name.size() > 512) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+              c == '/' || c == '.' || c == '#';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 }  // namespace spotvisor

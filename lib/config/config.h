@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -124,5 +125,9 @@ inline std::string CommittedFilePath(const std::string& state_dir) { return stat
 
 // The environment variables spotvisor gives every trainer, on top of `env`.
 std::vector<std::pair<std::string, std::string>> SpotvisorEnv(const Config& c);
+
+// A CloudWatch Logs group name as the API takes it (the log-group key):
+// 1-512 of A-Z a-z 0-9 _ - / . #.
+bool ValidLogGroupName(std::string_view name);
 
 }  // namespace spotvisor

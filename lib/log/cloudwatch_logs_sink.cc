@@ -73,16 +73,6 @@ std::string CloudWatchLogsEndpoint(const std::string& region) {
   return endpoint;
 }
 
-bool ValidLogGroupName(std::string_view name) {
-  if (name.empty() || name.size() > 512) return false;
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-              c == '/' || c == '.' || c == '#';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 CloudWatchLogsSink::CloudWatchLogsSink(CloudWatchLogsOptions options, std::unique_ptr<AwsCredentialProvider> credentials,
                                        std::unique_ptr<HttpClient> http, const Clock& clock)
     : BatchingSink(Limits{options.max_queued, std::min<std::size_t>(options.batch_entries, 10'000),

@@ -82,7 +82,5 @@ class CloudWatchLogsSink final : public BatchingSink {
 // The endpoint for CloudWatch Logs in `region`: AWS_ENDPOINT_URL_CLOUDWATCH_LOGS,
 // then AWS_ENDPOINT_URL (the AWS SDKs' overrides), then logs.REGION.amazonaws.com.
 std::string CloudWatchLogsEndpoint(const std::string& region);
-// A log group name as CloudWatch takes it: 1-512 of A-Z a-z 0-9 _ - / . #.
-bool ValidLogGroupName(std::string_view name);
 
 }  // namespace spotvisor

@@ -1,5 +1,7 @@
 #include "log/cloudwatch_logs_sink.h"
 
+#include "config/config.h"
+
 #include <mutex>
 
 #include <catch2/catch.hpp>
