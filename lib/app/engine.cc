@@ -40,6 +40,7 @@
 #include "mount/guarded_store.h"
 #include "mount/mount_manager.h"
 #include "mount/mounter.h"
+#include "process/proc.h"
 #include "process/spawn.h"
 #include "process/user.h"
 #include "retry/retry_loop.h"
@@ -87,6 +88,7 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
   if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
   if (auto id = client.Get("instance/id"); id.ok()) m.instance_id = id->value;
   if (auto z = client.Get("instance/zone"); z.ok()) m.zone = z->value.substr(z->value.rfind('/') + 1);
+  if (auto ip = client.Get("instance/network-interfaces/0/ip"); ip.ok()) m.private_ip = std::string(Trim(ip->value));
   m.available = true;
   return m;
 }
@@ -113,6 +115,9 @@ StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds, const CallContext& ctx
   m.instance_name = m.instance_id = instance;
   if (auto z = imds.Get("meta-data/placement/availability-zone", ctx); z.ok() && PlainValue(Trim(*z))) {
     m.zone = std::string(Trim(*z));
+  }
+  if (auto ip = imds.Get("meta-data/local-ipv4", ctx); ip.ok() && PlainValue(Trim(*ip))) {
+    m.private_ip = std::string(Trim(*ip));
   }
   if (auto r = imds.Get("meta-data/placement/region", ctx); r.ok() && PlainValue(Trim(*r))) {
     m.region = std::string(Trim(*r));
@@ -720,6 +725,7 @@ int RunEngine(const EngineOptions& options) {
   WarnAboutGceLimits(metadata, config, clock, logger);
 
   CancellableSleeper tag_sleeper;  // outlives the tag writer (declared before `so`)
+  CancellableSleeper etcd_sleeper;  // outlives the gang session
   SupervisorOptions so;
   so.config = config;
   so.mode = options.mode == Mode::kDaemon ? "daemon" : "run";
@@ -737,6 +743,15 @@ int RunEngine(const EngineOptions& options) {
                 {{"bucket", so.sync->Describe()}});
   }
   if (cloud) cloud->AddInstanceControl(config, so, tag_sleeper, logger);
+  if (!config.gang.empty()) {
+    auto gang = MakeGangSession(config, metadata, logger, clock, etcd_sleeper);
+    if (!gang.ok()) {
+      ConfigResult r;
+      r.errors.push_back(gang.status().message());
+      return EndWithConfigError(r, options.mode, logger);
+    }
+    so.gang = *std::move(gang);
+  }
   so.notifier = MakeSystemdNotifier();
   std::unique_ptr<Mounter> mounter;
   if (HasMounts(config)) {
@@ -793,6 +808,73 @@ int RunEngine(const EngineOptions& options) {
 
 namespace spotvisor {
 
+namespace {
+// A secret is shown as whether it is set, never as itself.
+std::string ShownValue(const KeySpec& k, const std::string& value) {
+  if (!k.secret || value.empty()) return value;
+  return "(set, hidden)";
+}
+}  // namespace
+
+namespace {
+
+// FNV-1a, 64 bits, as hex: the same command gives the same hash on every
+// machine and every version (std::hash promises neither).
+std::string CommandHash(const std::string& command) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : command) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+int CountGpus() {
+  int n = 0;
+  for (int i = 0; i < 64; ++i) {
+    if (access(fmt::format("/dev/nvidia{}", i).c_str(), F_OK) == 0) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<GangSession>> MakeGangSession(const Config& c, const MetadataSnapshot& metadata, Logger& logger,
+                                                       const Clock& clock, Sleeper& sleeper) {
+  GangSessionOptions o;
+  o.etcd.endpoints = c.gang_etcd;
+  o.etcd.ca_file = c.gang_etcd_ca;
+  o.etcd.cert_file = c.gang_etcd_cert;
+  o.etcd.key_file = c.gang_etcd_key;
+  o.etcd.user = c.gang_etcd_user;
+  o.etcd.password = c.gang_etcd_password;
+  o.gang.name = c.gang;
+  o.gang.size = c.gang_size;
+  o.gang.member_ttl = std::chrono::duration_cast<std::chrono::seconds>(c.gang_lease_ttl);
+  o.self.instance = metadata.instance_name.empty() ? Hostname() : metadata.instance_name;
+  o.self.ip = c.gang_address.empty() ? metadata.private_ip : c.gang_address;
+  o.self.zone = metadata.zone;
+  o.self.boot_id = BootId();
+  o.self.command_hash = CommandHash(c.command);
+  o.self.gpus = CountGpus();
+  o.self.size = c.gang_size;
+  bool plain = !o.self.ip.empty() && o.self.ip.size() <= 64 &&
+               o.self.ip.find_first_not_of("0123456789abcdefABCDEF.:") == std::string::npos;
+  if (!plain) {
+    return InvalidArgumentError(
+        o.self.ip.empty() ? std::string("gang: this VM's private IP is not known (the metadata server did not give "
+                                        "one): set gang-address to the address the other members reach it at")
+                          : fmt::format("gang: the private IP from the metadata server, \"{}\", is not an IP "
+                                        "address: set gang-address",
+                                        output::EscapeInvalidUtf8(o.self.ip.substr(0, 64))));
+  }
+  if (o.self.instance.empty() || o.self.instance.find('/') != std::string::npos) {
+    return InvalidArgumentError("gang: this VM's instance name is empty or holds '/': it names the member in etcd");
+  }
+  auto etcd = MakeEtcdClient(o.etcd, sleeper, clock);
+  return std::make_shared<GangSession>(std::move(o), std::move(etcd), logger, clock);
+}
+
 int PrintConfig(const EngineOptions& options, bool json) {
   SystemClock clock;
   Logger logger(clock);
@@ -818,7 +900,7 @@ int PrintConfig(const EngineOptions& options, bool json) {
     nlohmann::json j = {{"keys", nlohmann::json::object()}, {"errors", r.errors}, {"warnings", r.warnings}};
     for (auto const& k : AllKeys()) {
       auto const& v = r.values.at(k.name);
-      j["keys"][k.name] = {{"value", v.value}, {"source", ConfigSourceName(v.source)}, {"origin", v.origin}};
+      j["keys"][k.name] = {{"value", ShownValue(k, v.value)}, {"source", ConfigSourceName(v.source)}, {"origin", v.origin}};
     }
     std::puts(j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
@@ -827,7 +909,7 @@ int PrintConfig(const EngineOptions& options, bool json) {
     for (auto const& k : AllKeys()) {
       auto const& v = r.values.at(k.name);
       // Multi-line values (env) are shown escaped, one key per line.
-      std::string shown = nlohmann::json(v.value).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::string shown = nlohmann::json(ShownValue(k, v.value)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       std::printf("%-*s = %-40s  # %s\n", static_cast<int>(width), k.name.c_str(), shown.c_str(),
                   v.source == ConfigSource::kDefault ? "default" : v.origin.c_str());
     }

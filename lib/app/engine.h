@@ -3,6 +3,7 @@
 // check it against this machine, and run the supervisor.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct MetadataSnapshot {
   bool default_address = false;  // answered at 169.254.169.254 itself (no override): we are on GCE or EC2
   std::string cloud;  // "gce", "aws", or "" (no metadata service)
   std::string region;  // EC2: placement/region
+  // The VM's private IPv4 (GCE: network-interfaces/0/ip; EC2: local-ipv4),
+  // "" when not given or not plain: what gang members reach each other at.
+  std::string private_ip;
   // EC2: instance-metadata tags are not enabled (tags/instance is 404).
   bool ec2_tags_hidden = false;
   // Problems with a metadata layer itself (a user-data section that does
@@ -76,6 +80,14 @@ ConfigResult LoadConfig(const EngineOptions& options, const MetadataSnapshot& me
 // Checks that need the machine: the user exists (and we may switch to it),
 // directories can be created. Adds to result.errors.
 void PrepareHost(ConfigResult& result, Mode mode);
+
+// The gang session of a config with `gang` set (issue #16): this VM as a
+// member (its instance name, and gang-address or the private IP from the
+// metadata server), talking to etcd through `sleeper`. kInvalidArgument
+// when this VM's address or name is not known.
+class GangSession;
+StatusOr<std::shared_ptr<GangSession>> MakeGangSession(const Config& c, const MetadataSnapshot& metadata, Logger& logger,
+                                                       const Clock& clock, Sleeper& sleeper);
 
 // `spotvisor daemon` / `spotvisor run`: returns the process exit code.
 int RunEngine(const EngineOptions& options);

@@ -466,6 +466,77 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
                                             "synced to the bucket)",
                                             c.checkpoint_dir, c.bucket_mount));
   }
+  // Gang training (issue #16, docs/gang.md).
+  c.gang = std::string(Trim(res.Get("gang").value));
+  if (!c.gang.empty()) {
+    auto ok_char = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'; };
+    if (c.gang.size() > 128 || !std::isalnum(static_cast<unsigned char>(c.gang[0])) ||
+        !std::all_of(c.gang.begin(), c.gang.end(), ok_char)) {
+      res.Error("gang", fmt::format("\"{}\" is not a gang name (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit: "
+                                    "it is also the run-id)",
+                                    Shown(c.gang)));
+    }
+    // The whole gang is one run: the same run-id on every member.
+    if (res.Get("run-id").source == ConfigSource::kDefault) c.run_id = c.gang;
+    res.Integer("gang-size", 2, 1024, c.gang_size);
+    for (auto const& w : SplitOn(std::string(Trim(res.Get("gang-etcd").value)), ' ')) {
+      for (auto const& e : SplitOn(w, ',')) {
+        auto ep = std::string(Trim(e));
+        if (ep.empty()) continue;
+        if (!StartsWith(ep, "http://") && !StartsWith(ep, "https://")) {
+          res.Error("gang-etcd", fmt::format("\"{}\" is not an http:// or https:// URL", Shown(ep)));
+          continue;
+        }
+        while (ep.back() == '/') ep.pop_back();
+        c.gang_etcd.push_back(ep);
+      }
+    }
+    if (c.gang_etcd.empty()) res.Error("gang-etcd", "gang needs the etcd endpoints it coordinates through");
+    c.gang_etcd_ca = std::string(Trim(res.Get("gang-etcd-ca").value));
+    c.gang_etcd_cert = std::string(Trim(res.Get("gang-etcd-cert").value));
+    c.gang_etcd_key = std::string(Trim(res.Get("gang-etcd-key").value));
+    if (c.gang_etcd_cert.empty() != c.gang_etcd_key.empty()) {
+      res.Error(c.gang_etcd_cert.empty() ? "gang-etcd-key" : "gang-etcd-cert",
+                "gang-etcd-cert and gang-etcd-key go together (the client certificate and its key)");
+    }
+    c.gang_etcd_user = std::string(Trim(res.Get("gang-etcd-user").value));
+    c.gang_etcd_password = res.Get("gang-etcd-password").value;  // as given: spaces may belong to it
+    if (c.gang_etcd_user.empty() != c.gang_etcd_password.empty()) {
+      res.Error(c.gang_etcd_user.empty() ? "gang-etcd-password" : "gang-etcd-user",
+                "gang-etcd-user and gang-etcd-password go together");
+    }
+    std::string launch;
+    res.OneOf<std::string>("gang-launch", {{"each", "each"}, {"leader", "leader"}}, launch);
+    if (launch == "leader") {
+      res.Error("gang-launch", "leader (only rank 0 runs the command, MPI style) is not implemented yet; use each");
+    }
+    std::string on_loss;
+    res.OneOf<std::string>("gang-on-loss", {{"stop", "stop"}, {"wait", "wait"}}, on_loss);
+    if (on_loss == "wait") {
+      res.Error("gang-on-loss", "wait (re-forming when a lost member comes back) is not implemented yet; use stop");
+    }
+    std::string ckpt;
+    res.OneOf<std::string>("gang-checkpoint", {{"leader", "leader"}, {"all", "all"}}, ckpt);
+    if (ckpt == "all") {
+      res.Error("gang-checkpoint", "all (each rank syncs its own directory) is not implemented yet; use leader");
+    }
+    c.gang_form_timeout = res.Duration("gang-form-timeout", c.gang_form_timeout);
+    if (c.gang_form_timeout < std::chrono::seconds(1)) res.Error("gang-form-timeout", "must be at least 1s");
+    c.gang_lease_ttl = res.Duration("gang-lease-ttl", c.gang_lease_ttl);
+    if (c.gang_lease_ttl < std::chrono::seconds(2) || c.gang_lease_ttl > std::chrono::minutes(5) ||
+        c.gang_lease_ttl.count() % 1000 != 0) {
+      res.Error("gang-lease-ttl", "must be whole seconds from 2s to 5m (etcd counts lease TTLs in seconds)");
+    }
+    c.gang_address = std::string(Trim(res.Get("gang-address").value));
+    if (c.gang_address.find_first_of(" \t,/") != std::string::npos) {
+      res.Error("gang-address", fmt::format("\"{}\" is not an address", Shown(c.gang_address)));
+    }
+    res.Integer("gang-master-port", 1, 65535, c.gang_master_port);
+    if (c.restart_on_failure) {
+      res.Error("restart", "on-failure is not supported in a gang yet: a member's failed trainer ends the generation "
+                           "for every member (gang-on-loss = stop)");
+    }
+  }
   // status.json is written from the start, before anything is mounted.
   for (auto [dir, used] : {std::pair{&c.dataset_dir, !c.dataset_disk.empty()}, std::pair{&c.scratch_dir, !c.scratch_disk.empty()},
                            std::pair{&c.bucket_mount, !c.bucket_mount.empty()}}) {

@@ -101,6 +101,15 @@ struct Config {
   std::vector<std::string> mount_options;  // extra flags for the driver
   std::chrono::milliseconds mount_timeout{60'000};
   bool sync_via_mount = false;  // sync-via = mount: copy into bucket-mount
+  // Gang training (issue #16); empty gang: none.
+  std::string gang;
+  int gang_size = 0;
+  std::vector<std::string> gang_etcd;  // endpoints
+  std::string gang_etcd_ca, gang_etcd_cert, gang_etcd_key, gang_etcd_user, gang_etcd_password;
+  std::chrono::milliseconds gang_form_timeout{600'000};
+  std::chrono::milliseconds gang_lease_ttl{10'000};
+  std::string gang_address;  // empty: the private IP from metadata
+  int gang_master_port = 29500;
 };
 
 struct ConfigResult {

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -412,6 +413,77 @@ TEST_CASE("preemption-notice: a stop lead longer than the notice is an error") {
   r = ResolveConfig(in);
   REQUIRE(r.errors.size() == 1);
   CHECK(r.errors[0].find("longer than preemption-notice (2m)") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+ConfigResult WithGang(std::map<std::string, std::string> attrs) {
+  auto in = Base();
+  in.instance_attributes["spotvisor-gang"] = "resnet-lr3";
+  in.instance_attributes["spotvisor-gang-size"] = "4";
+  in.instance_attributes["spotvisor-gang-etcd"] = "http://10.0.0.5:2379, https://etcd.internal:2379/";
+  for (auto const& [k, v] : attrs) in.instance_attributes["spotvisor-" + k] = v;
+  return ResolveConfig(in);
+}
+
+bool AnyErrorHas(const ConfigResult& r, const std::string& text) {
+  return std::any_of(r.errors.begin(), r.errors.end(), [&](auto const& e) { return e.find(text) != std::string::npos; });
+}
+
+TEST_CASE("gang keys: parsed, the gang is the default run-id, endpoints split and trimmed") {
+  auto r = WithGang({});
+  INFO(r.errors.size());
+  REQUIRE(r.errors.empty());
+  auto const& c = *r.config;
+  CHECK(c.gang == "resnet-lr3");
+  CHECK(c.gang_size == 4);
+  CHECK(c.run_id == "resnet-lr3");
+  CHECK(c.gang_etcd == std::vector<std::string>{"http://10.0.0.5:2379", "https://etcd.internal:2379"});
+  CHECK(c.gang_form_timeout == 10min);
+  CHECK(c.gang_lease_ttl == 10s);
+  CHECK(c.gang_master_port == 29500);
+  // An explicit run-id wins.
+  auto in = Base();
+  in.instance_attributes["spotvisor-gang"] = "g";
+  in.instance_attributes["spotvisor-gang-size"] = "2";
+  in.instance_attributes["spotvisor-gang-etcd"] = "http://e:2379";
+  in.instance_attributes["spotvisor-run-id"] = "mine";
+  CHECK(ResolveConfig(in).config->run_id == "mine");
+  // No gang: none of the gang keys is checked.
+  auto plain = Base();
+  plain.instance_attributes["spotvisor-gang-size"] = "banana";
+  CHECK(ResolveConfig(plain).errors.empty());
+}
+
+TEST_CASE("gang keys: bad values and what is not implemented yet are errors that say so") {
+  CHECK(AnyErrorHas(WithGang({{"gang-size", "1"}}), "gang-size"));
+  CHECK(AnyErrorHas(WithGang({{"gang-etcd", ""}}), "gang needs the etcd endpoints"));
+  CHECK(AnyErrorHas(WithGang({{"gang-etcd", "10.0.0.5:2379"}}), "not an http:// or https:// URL"));
+  CHECK(AnyErrorHas(WithGang({{"gang", "../x"}}), "not a gang name"));
+  CHECK(AnyErrorHas(WithGang({{"gang-launch", "leader"}}), "not implemented yet"));
+  CHECK(AnyErrorHas(WithGang({{"gang-launch", "mpi"}}), "gang-launch"));
+  CHECK(AnyErrorHas(WithGang({{"gang-on-loss", "wait"}}), "not implemented yet"));
+  CHECK(AnyErrorHas(WithGang({{"gang-checkpoint", "all"}}), "not implemented yet"));
+  CHECK(AnyErrorHas(WithGang({{"gang-lease-ttl", "1s"}}), "gang-lease-ttl"));
+  CHECK(AnyErrorHas(WithGang({{"gang-lease-ttl", "2500ms"}}), "whole seconds"));
+  CHECK(AnyErrorHas(WithGang({{"gang-etcd-cert", "/c.pem"}}), "go together"));
+  CHECK(AnyErrorHas(WithGang({{"gang-etcd-user", "u"}}), "go together"));
+  CHECK(AnyErrorHas(WithGang({{"gang-address", "10.0.0.1 10.0.0.2"}}), "not an address"));
+  CHECK(AnyErrorHas(WithGang({{"restart", "on-failure"}}), "not supported in a gang"));
+  CHECK(AnyErrorHas(WithGang({{"gang-master-port", "70000"}}), "gang-master-port"));
+}
+
+TEST_CASE("gang-etcd-password is a secret: never shown, never in an error") {
+  auto* k = FindKey("gang-etcd-password");
+  REQUIRE(k);
+  CHECK(k->secret);
+  auto r = WithGang({{"gang-etcd-user", "trainer"}, {"gang-etcd-password", "hunter2"}, {"gang-size", "x"}});
+  CHECK(r.config == std::nullopt);
+  for (auto const& e : r.errors) CHECK(e.find("hunter2") == std::string::npos);
 }
 
 }  // namespace

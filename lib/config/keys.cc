@@ -109,6 +109,34 @@ const std::vector<KeySpec>& AllKeys() {
        "auto (text on a terminal, else JSON lines) | json | text"},
       {"progress-interval", "5s",
        "Log a \\r-rewritten progress line at most this often"},
+      {"gang", "",
+       "Name of the gang this VM trains in: gang-size VMs that form through etcd, start their trainers together and "
+       "stop together (docs/gang.md); also the default run-id (empty: no gang)"},
+      {"gang-size", "0", "How many VMs the gang has (2-1024); needed with gang"},
+      {"gang-etcd", "",
+       "The etcd endpoints the gang coordinates through, separated by commas or spaces (http://HOST:2379 or "
+       "https://HOST:2379); tried in order"},
+      {"gang-etcd-ca", "", "PEM file of the CA that signed etcd's certificate (https endpoints)"},
+      {"gang-etcd-cert", "", "PEM client certificate, for etcd's --client-cert-auth (with gang-etcd-key)"},
+      {"gang-etcd-key", "", "PEM private key of gang-etcd-cert"},
+      {"gang-etcd-user", "", "etcd user, when etcd has auth enabled (with gang-etcd-password)"},
+      {"gang-etcd-password", "", "Password of gang-etcd-user; never logged or shown", true},
+      {"gang-launch", "each",
+       "each: every member runs the command (torch.distributed / DDP style); leader: only rank 0 runs it (MPI "
+       "style; not implemented yet)"},
+      {"gang-form-timeout", "10m",
+       "How long to wait for all gang-size members before giving up: then on-exit, so the others do not wait forever"},
+      {"gang-on-loss", "stop",
+       "stop: when a member is lost (preempted, failed, gone) every member stops its trainer, syncs and runs on-exit; "
+       "wait: wait for it to come back (not implemented yet)"},
+      {"gang-checkpoint", "leader",
+       "leader: rank 0's checkpoint-dir is synced and every member restores it; all: every rank syncs its own (not "
+       "implemented yet)"},
+      {"gang-lease-ttl", "10s",
+       "A member that stops renewing its etcd lease for this long is gone, and ends the generation (2s-5m)"},
+      {"gang-address", "",
+       "The address the other members reach this VM at (default: its private IP from the metadata server)"},
+      {"gang-master-port", "29500", "MASTER_PORT given to the trainers (torch.distributed's rendezvous on rank 0)"},
       {"metadata-watch-timeout", "60s",
        "timeout_sec of each metadata long-poll; the HTTP timeout adds a margin of up to 10s"},
   };

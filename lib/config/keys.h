@@ -13,6 +13,8 @@ struct KeySpec {
   // (user, run-id, on-exit) are filled in by LoadConfig and say so here.
   std::string default_value;
   std::string help;
+  // A secret (a password): `spotvisor config` shows whether it is set, never the value.
+  bool secret = false;
 };
 
 const std::vector<KeySpec>& AllKeys();

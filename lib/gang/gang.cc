@@ -560,6 +560,38 @@ StatusOr<std::string> GangCoordinator::EndGeneration(std::int64_t n, const std::
   }
 }
 
+StatusOr<std::string> GangCoordinator::MarkDone(const Generation& g, const CallContext& ctx) {
+  const std::string dir = prefix_ + "done/" + std::to_string(g.number) + "/";
+  const std::string end_key = EndKey(g.number);
+  for (int attempt = 0;; ++attempt) {
+    if (auto c = ctx.Check(fmt::format("gang {}: recording the end of generation {}'s work", options_.name, g.number)); !c.ok()) {
+      return c;
+    }
+    // A Put of the same key and value: repeating it after a lost answer
+    // changes nothing.
+    auto put = etcd_.Put(dir + self_.instance, FormatRfc3339(clock_.WallNow()), 0, ctx);
+    if (!put.ok()) {
+      if (auto b = Backoff(put.status(), attempt, ctx); !b.ok()) return b;
+      continue;
+    }
+    // Read after the put: of two members finishing at once, the later read
+    // sees both, so the last one to finish always counts them all.
+    auto done = etcd_.Range(dir, PrefixEnd(dir), ctx);
+    auto end = done.ok() ? etcd_.Range(end_key, "", ctx) : StatusOr<std::pair<std::vector<EtcdKv>, std::int64_t>>(done.status());
+    if (!end.ok()) {
+      if (auto b = Backoff(end.status(), attempt, ctx); !b.ok()) return b;
+      continue;
+    }
+    if (!end->first.empty()) return ReasonOf(g.number, end->first[0].value);
+    std::set<std::string> finished;
+    for (const auto& kv : done->first) finished.insert(kv.key.substr(dir.size()));
+    bool all = std::all_of(g.members.begin(), g.members.end(),
+                           [&](const RankedMember& m) { return finished.count(m.instance) > 0; });
+    if (!all) return std::string();
+    return EndGeneration(g.number, kGangCompleted, ctx);
+  }
+}
+
 StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallContext& ctx) {
   const std::string end_key = EndKey(g.number), gen_key = prefix_ + "generation";
   std::set<std::string> member_keys;

@@ -124,6 +124,9 @@ StatusOr<Generation> ParseGeneration(std::string_view json);
 std::string EndJson(const GenerationEnd& e);
 StatusOr<GenerationEnd> ParseEnd(std::string_view json);
 
+// The end reason of a generation whose members' trainers all exited 0.
+inline constexpr char kGangCompleted[] = "completed: every member's trainer exited 0";
+
 struct GangOptions {
   std::string name;
   int size = 0;
@@ -166,6 +169,11 @@ class GangCoordinator {
   // "member X is gone" (which it also records as the end), or "generation N
   // was replaced by M". Watches, does not poll.
   StatusOr<std::string> AwaitEnd(const Generation& g, const CallContext& ctx);
+  // Records that this member's trainer finished generation g's work (exit
+  // 0) under PREFIX "done/" N "/" INSTANCE (not leased; safe to repeat).
+  // When every member of g has, ends g with kGangCompleted. Returns the
+  // reason g ended with if it has ended (by this call or before), else "".
+  StatusOr<std::string> MarkDone(const Generation& g, const CallContext& ctx);
   // Revokes the lease: the member key goes, and with it any generation it is in.
   Status Leave(const CallContext& ctx);
 

@@ -25,6 +25,7 @@ nlohmann::json StatusFileObserver::Json(const RunView& v) const {
   if (!v.last_sync.is_null()) j["last_sync"] = v.last_sync;
   if (!v.checkpoint.is_null()) j["checkpoint"] = v.checkpoint;
   if (!v.transfer.is_null()) j["transfer"] = v.transfer;
+  if (!v.gang.is_null()) j["gang"] = v.gang;
   // Identifies this process beyond its pid (`spotvisor sync` checks it).
   if (v.start_time_ticks) j["start_time_ticks"] = *v.start_time_ticks;
   if (!v.boot_id.empty()) j["boot_id"] = v.boot_id;
@@ -55,6 +56,7 @@ void GuestAttributesObserver::OnChange(const RunView& v) {
       {"reason", v.reason},
       {"checkpoint", v.checkpoint.is_null() ? "" : Dump(v.checkpoint)},
       {"transfer", v.transfer.is_null() ? "" : Dump(v.transfer)},
+      {"gang", v.gang.is_null() ? "" : Dump(v.gang)},
   });
 }
 

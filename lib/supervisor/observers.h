@@ -38,6 +38,7 @@ struct RunView {
   nlohmann::json last_sync;        // null: no sync yet
   nlohmann::json checkpoint;       // DurabilityTracker::Json; null: no bucket, or not restored yet
   nlohmann::json transfer;         // a sync or restore in progress (SyncProgress); null: none
+  nlohmann::json gang;             // GangSession::StatusJson; null: no gang
   int spotvisor_pid = 0;
   std::optional<std::uint64_t> start_time_ticks;
   std::string boot_id;

@@ -18,6 +18,8 @@ constexpr int kExitRestoreFailed = 74;
 constexpr int kExitSyncFailed = 73;
 // EX_OSFILE: a disk or the bucket could not be mounted, so the trainer never ran.
 constexpr int kExitMountFailed = 72;
+// EX_CONFIG: the gang's members disagree (size, command) or a name is taken.
+constexpr int kExitGangRefused = 78;
 
 template <class... Ts>
 struct Overloaded : Ts... {
@@ -47,9 +49,11 @@ const char* PhaseName(Phase p) {
     case Phase::kMounting: return "mounting";
     case Phase::kUnmounting: return "unmounting";
     case Phase::kRestoring: return "restoring";
+    case Phase::kForming: return "forming";
     case Phase::kRunning: return "running";
     case Phase::kStopping: return "stopping";
     case Phase::kDraining: return "draining";
+    case Phase::kGangWaiting: return "gang-waiting";
     case Phase::kRestarting: return "restarting";
     case Phase::kSyncing: return "syncing";
     case Phase::kHolding: return "holding";
@@ -73,6 +77,8 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kIdle: return "idle";
     case EndReason::kMountFailed: return "mount-failed";
     case EndReason::kSyncStalled: return "sync-stalled";
+    case EndReason::kGangEnded: return "gang-ended";
+    case EndReason::kGangFormFailed: return "gang-form-failed";
   }
   return "?";
 }
@@ -84,12 +90,14 @@ const char* StateName(State s) {
     case State::kMountsCancelled: return "mounting/cancelled";
     case State::kRestoring: return "restoring";
     case State::kRestoreCancelled: return "restoring/cancelled";
+    case State::kForming: return "forming";
     case State::kRunning: return "running";
     case State::kStoppingInt: return "stopping/SIGINT";
     case State::kStoppingTerm: return "stopping/SIGTERM";
     case State::kStoppingKill: return "stopping/SIGKILL";
     case State::kDrainingTerm: return "draining/SIGTERM";
     case State::kDrainingKill: return "draining/SIGKILL";
+    case State::kGangWaiting: return "gang-waiting";
     case State::kRestartingSyncDelay: return "restarting/sync+delay";
     case State::kRestartingDelay: return "restarting/delay";
     case State::kRestartingSync: return "restarting/sync";
@@ -111,12 +119,14 @@ Phase PhaseOf(State s) {
     case State::kMountsCancelled: return Phase::kMounting;
     case State::kRestoring:
     case State::kRestoreCancelled: return Phase::kRestoring;
+    case State::kForming: return Phase::kForming;
     case State::kRunning: return Phase::kRunning;
     case State::kStoppingInt:
     case State::kStoppingTerm:
     case State::kStoppingKill: return Phase::kStopping;
     case State::kDrainingTerm:
     case State::kDrainingKill: return Phase::kDraining;
+    case State::kGangWaiting: return Phase::kGangWaiting;
     case State::kRestartingSyncDelay:
     case State::kRestartingDelay:
     case State::kRestartingSync: return Phase::kRestarting;
@@ -149,14 +159,15 @@ constexpr StateSet kStopping = In(State::kStoppingInt, State::kStoppingTerm, Sta
 constexpr StateSet kDraining = In(State::kDrainingTerm, State::kDrainingKill);
 constexpr StateSet kRestarting = In(State::kRestartingSyncDelay, State::kRestartingDelay, State::kRestartingSync);
 // Before the trainer: where it may be spawned from.
-constexpr StateSet kSpawnable = In(State::kStarting, State::kMounting, State::kRestoring) | kRestarting;
+constexpr StateSet kSpawnable = In(State::kStarting, State::kMounting, State::kRestoring, State::kForming) | kRestarting;
 
 // Names of the events, in the order of the Event variant.
 constexpr const char* kEventNames[] = {"StartEvent",      "TrainerSpawned",  "TrainerSpawnFailed", "TrainerExited",
                                        "GroupEmpty",      "PreemptionNotice", "MaintenanceNotice", "StopSignal",
                                        "LeftoversGone",   "OnExitDone",      "DeadlineReached",    "RestoreDone",
                                        "SyncDone",        "Release",         "IdleTimeout",        "MountsDone",
-                                       "UnmountsDone",    "SyncStalled",     "MaintenanceWindow"};
+                                       "UnmountsDone",    "SyncStalled",     "MaintenanceWindow",  "GangFormed",
+                                       "GangFormFailed",  "GangEnded"};
 static_assert(std::size(kEventNames) == std::variant_size_v<Event>);
 
 template <class E>
@@ -222,6 +233,9 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     auto synced = std::type_identity<SyncDone>{};
     auto on_exit = std::type_identity<OnExitDone>{};
     auto deadline = std::type_identity<DeadlineReached>{};
+    auto formed = std::type_identity<GangFormed>{};
+    auto form_failed = std::type_identity<GangFormFailed>{};
+    auto gang_ended = std::type_identity<GangEnded>{};
 
     // Notes: facts that hold whatever the state.
     note(preempted, "remember the preemption (no on-exit, no restart) and when the power button comes; log `preemption.detected`",
@@ -308,6 +322,62 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
          m.CutShortBeforeTrainer(now, out);
        });
 
+    // Forming the gang (issue #16).
+    note(gang_ended, "gang: remember that the generation ended, and whether every trainer finished",
+         [](M& m, const GangEnded& e, SteadyTime, Out&) {
+           if (!m.gang_formed_) return;
+           m.gang_ended_ = true;
+           m.gang_completed_ = m.gang_completed_ || e.completed;
+         });
+    on(In(S::kForming), formed,
+       "spawn the trainer (`gang.formed` logged); a member that does not write checkpoints (gang-checkpoint = leader, "
+       "rank > 0) will not sync",
+       [](M& m, const GangFormed& e, SteadyTime, Out& out) {
+         m.gang_formed_ = true;
+         m.sync_writes_ = e.writes_checkpoints;
+         out.push_back(SpawnTrainer{m.restore_resumed_});
+       });
+    on(In(S::kForming), form_failed, "the members disagree or the name is taken: the run ends `gang-form-failed` (exit 78)",
+       [](M& m, const GangFormFailed&, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kGangFormFailed;
+         m.exit_code_ = kExitGangRefused;
+         m.Finish(now, out);
+       });
+    on(In(S::kForming), deadline,
+       "`gang.form_timeout`: stop waiting; the run ends `gang-form-failed` (exit 75) and on-exit runs, so no VM waits "
+       "forever",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         std::string error = fmt::format("the gang did not form within {} (gang-form-timeout)",
+                                         FormatDuration(m.options_.gang_form_timeout));
+         m.Log(Severity::kError, "gang.form_timeout", error + "; not starting the trainer", {{"error", error}});
+         m.reason_ = EndReason::kGangFormFailed;
+         m.exit_code_ = kExitPreemptedBeforeStart;
+         out.push_back(CancelForming{});
+         m.Finish(now, out);
+       });
+    on(In(S::kForming), preempted, "stop forming; the run ends without a trainer (exit 75)",
+       [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kPreempted;
+         m.exit_code_ = kExitPreemptedBeforeStart;
+         out.push_back(CancelForming{});
+         m.Finish(now, out);
+       });
+    on(In(S::kForming), maintenance, "TERMINATE: stop forming; the run ends without a trainer (exit 75)",
+       [](M& m, const MaintenanceNotice& e, SteadyTime now, Out& out) {
+         if (!Terminates(e)) return;
+         m.reason_ = EndReason::kMaintenance;
+         m.exit_code_ = kExitPreemptedBeforeStart;
+         out.push_back(CancelForming{});
+         m.Finish(now, out);
+       });
+    on(In(S::kForming), signal, "stop forming; the run ends (`stopped`, exit 128+signal) without a trainer",
+       [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kStopped;
+         m.exit_code_ = 128 + e.signo;
+         out.push_back(CancelForming{});
+         m.Finish(now, out);
+       });
+
     // The trainer starts.
     on(kSpawnable, spawned, "→ `running`",
        [](M& m, const TrainerSpawned& e, SteadyTime now, Out&) { m.OnSpawned(e, now); });
@@ -316,6 +386,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
          m.reason_ = EndReason::kFailed;
          m.exit_code_ = e.exit_code;
          m.Log(Severity::kError, "trainer.start_failed", e.error, {{"exit_code", e.exit_code}});
+         m.EndGangFor(EndReason::kFailed, out);
          m.Finish(now, out);
        });
 
@@ -359,6 +430,10 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     on(In(S::kRunning), deadline,
        "the stop time of a notice with a lead, or `max-runtime` (`run.max_runtime`): SIGINT → `stopping/SIGINT`",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.OnRunningDeadline(now, out); });
+    on(In(S::kRunning), gang_ended,
+       "gang: another member ended the generation (`gang.ended`): SIGINT to the trainer's group → `stopping/SIGINT` "
+       "(`gang-ended`); on-exit runs after the final sync",
+       [](M& m, const GangEnded& e, SteadyTime now, Out& out) { m.OnGangEnded(e, now, out); });
 
     // Stopping: the ladder for the trainer's whole process group.
     on(kStopping, group_empty, "the group leader had exited: → `draining/SIGTERM`",
@@ -404,6 +479,37 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
          m.Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
          m.AfterDraining(now, out);
+       });
+
+    // A gang member whose trainer finished.
+    on(In(S::kGangWaiting), gang_ended,
+       "every trainer finished (`completed`): the final sync writes DONE; else the final sync without it (`gang-ended`)",
+       [](M& m, const GangEnded&, SteadyTime now, Out& out) { m.AfterGang(now, out); });
+    on(In(S::kGangWaiting), deadline,
+       "`gang.wait_timeout`: the others' trainers did not finish in `gang-form-timeout`: end the generation, final sync "
+       "without DONE (`gang-ended`)",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kError, "gang.wait_timeout",
+               fmt::format("the other members' trainers did not finish within {} of this one's", FormatDuration(m.options_.gang_form_timeout)));
+         m.reason_ = EndReason::kGangEnded;
+         if (!m.gang_ended_) {
+           m.gang_ended_ = true;
+           out.push_back(EndGang{fmt::format("trainer finished; waited {} for the others' to finish",
+                                             FormatDuration(m.options_.gang_form_timeout))});
+         }
+         m.AfterGang(now, out);
+       });
+    on(In(S::kGangWaiting), preempted, "the generation ends (this member is going); the final sync without DONE",
+       [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kPreempted;
+         m.EndGangFor(EndReason::kPreempted, out);
+         m.AfterGang(now, out);
+       });
+    on(In(S::kGangWaiting), signal, "the generation ends (this member is going); the final sync without DONE",
+       [](M& m, const StopSignal&, SteadyTime now, Out& out) {
+         m.reason_ = EndReason::kStopped;
+         m.EndGangFor(EndReason::kStopped, out);
+         m.AfterGang(now, out);
        });
 
     // Restarting.
@@ -558,6 +664,8 @@ std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) con
     case State::kMountsCancelled:
     case State::kRestoreCancelled: return now + kCancelGrace;
     case State::kRestoring: return now + options_.restore_timeout;
+    case State::kForming:
+    case State::kGangWaiting: return now + options_.gang_form_timeout;
     case State::kRunning: return earliest(max_runtime_at_, scheduled_stop_at_);
     case State::kStoppingInt: return now + options_.stop_timeout;
     case State::kStoppingTerm: return now + options_.kill_timeout;
@@ -591,12 +699,14 @@ static const char* DeadlineDoc(State s) {
     case State::kMountsCancelled: return "10 s";
     case State::kRestoring: return "30 min";
     case State::kRestoreCancelled: return "10 s";
+    case State::kForming: return "`gang-form-timeout`";
     case State::kRunning: return "`max-runtime` (from spotvisor's start), or the stop time of a notice with a lead; else none";
     case State::kStoppingInt: return "`stop-timeout`";
     case State::kStoppingTerm: return "`kill-timeout`";
     case State::kStoppingKill: return "5 s";
     case State::kDrainingTerm: return "`kill-timeout`";
     case State::kDrainingKill: return "5 s";
+    case State::kGangWaiting: return "`gang-form-timeout`";
     case State::kRestartingSyncDelay:
     case State::kRestartingDelay: return "`restart-delay` (doubled per quick crash, ≤ 5 min), or `max-runtime` if sooner";
     case State::kRestartingSync: return "10 min (a restart does not wait longer for its sync), or `max-runtime` if sooner";
@@ -710,7 +820,63 @@ void StateMachine::OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vect
     Finish(now, out);
     return;
   }
-  out.push_back(SpawnTrainer{e.resumed});
+  FormOrSpawn(e.resumed, now, out);
+}
+
+void StateMachine::FormOrSpawn(bool resumed, SteadyTime now, std::vector<Action>& out) {
+  if (!options_.gang) {
+    out.push_back(SpawnTrainer{resumed});
+    return;
+  }
+  restore_resumed_ = resumed;
+  out.push_back(StartForming{});
+  Transition(State::kForming, now, "waiting for every member of the gang");
+}
+
+void StateMachine::EndGangFor(EndReason reason, std::vector<Action>& out) {
+  if (!options_.gang || !gang_formed_ || gang_ended_) return;
+  gang_ended_ = true;
+  std::string why;
+  switch (reason) {
+    case EndReason::kPreempted: why = preemption_what_.empty() ? "preempted" : "interrupted (" + preemption_what_ + ")"; break;
+    case EndReason::kMaintenance: why = "a host maintenance will terminate it"; break;
+    case EndReason::kStopped: why = "stopped by a signal"; break;
+    case EndReason::kFailed: why = fmt::format("trainer failed (exit code {})", exit_code_); break;
+    case EndReason::kMaxRuntime: why = "max-runtime reached"; break;
+    case EndReason::kIdle: why = "trainer idle for idle-timeout"; break;
+    case EndReason::kSyncStalled: why = "checkpoints could not be made durable (sync-stall-action = stop)"; break;
+    default: why = fmt::format("run ended ({})", EndReasonName(reason)); break;
+  }
+  out.push_back(EndGang{why});
+}
+
+void StateMachine::OnGangEnded(const GangEnded& e, SteadyTime now, std::vector<Action>& out) {
+  if (!gang_formed_) return;
+  BeginStop(EndReason::kGangEnded, now, out);
+  (void)e;
+}
+
+bool StateMachine::AwaitGang(SteadyTime now, std::vector<Action>& out) {
+  if (!options_.gang || !gang_formed_ || reason_ != EndReason::kCompleted) return false;
+  if (gang_ended_) {
+    AfterGang(now, out);
+    return true;
+  }
+  out.push_back(GangDone{});
+  Transition(State::kGangWaiting, now, "the trainer finished: waiting for the other members' trainers to finish");
+  return true;
+}
+
+void StateMachine::AfterGang(SteadyTime now, std::vector<Action>& out) {
+  bool clean = reason_ == EndReason::kCompleted && gang_completed_;
+  if (reason_ == EndReason::kCompleted && !clean) reason_ = EndReason::kGangEnded;
+  if (!Syncs()) {
+    Finish(now, out);
+    return;
+  }
+  BeginFinalSync(clean, now,
+                 clean ? "the whole gang finished: final sync, then the DONE marker" : "final sync of the trainer's last checkpoint",
+                 out);
 }
 
 void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
@@ -857,6 +1023,7 @@ void StateMachine::BeginStop(EndReason reason, SteadyTime now, std::vector<Actio
   Log(Severity::kWarning, "trainer.signal", fmt::format("sending SIGINT to the trainer's process group {}", trainer_pid_),
       {{"signal", "SIGINT"}, {"pgid", trainer_pid_}, {"reason", EndReasonName(reason)}});
   out.push_back(SignalTrainer{SIGINT});
+  EndGangFor(reason, out);
   Transition(State::kStoppingInt, now,
              fmt::format("{}: waiting up to {} for the trainer to stop", EndReasonName(reason), FormatDuration(options_.stop_timeout)));
 }
@@ -889,6 +1056,7 @@ void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::
   bool ok = exit_code_ == 0 || phase() == Phase::kStopping;
   Log(ok ? Severity::kInfo : Severity::kError, "trainer.exit", fmt::format("trainer {}", how), f);
   if (!reason_) reason_ = exit_code_ == 0 ? EndReason::kCompleted : EndReason::kFailed;
+  if (*reason_ == EndReason::kFailed) EndGangFor(EndReason::kFailed, out);
   // Stopped because its progress could not be made durable: not a success,
   // whatever the trainer answered to SIGINT.
   if (reason_ == EndReason::kSyncStalled && exit_code_ == 0) exit_code_ = kExitSyncFailed;
@@ -916,7 +1084,7 @@ void StateMachine::ScheduleStop(EndReason reason, std::chrono::milliseconds lead
   bool first = !scheduled_stop_at_;
   scheduled_stop_at_ = at;
   scheduled_reason_ = reason;
-  if (first && options_.sync) out.push_back(SyncNow{reason == EndReason::kPreempted ? "preemption" : "maintenance"});
+  if (first && Syncs()) out.push_back(SyncNow{reason == EndReason::kPreempted ? "preemption" : "maintenance"});
   deadline_ = DeadlineFor(State::kRunning, now);  // the stop time is the running state's deadline now
 }
 
@@ -924,7 +1092,7 @@ void StateMachine::ScheduleStop(EndReason reason, std::chrono::milliseconds lead
 // final sync and on-exit.
 void StateMachine::StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out) {
   reason_ = reason;
-  if (!options_.sync) {
+  if (!Syncs()) {
     Finish(now, out);
     return;
   }
@@ -967,15 +1135,16 @@ bool StateMachine::MaybeRestart(SteadyTime now, std::vector<Action>& out) {
        {"exit_code", exit_code_}, {"quick_crashes", quick_streak_}});
   reason_.reset();
   restart_at_ = now + delay;
-  if (options_.sync) out.push_back(SyncNow{"restart"});
-  Transition(options_.sync ? State::kRestartingSyncDelay : State::kRestartingDelay, now,
-             options_.sync ? "syncing, then restarting" : "waiting to restart");
+  if (Syncs()) out.push_back(SyncNow{"restart"});
+  Transition(Syncs() ? State::kRestartingSyncDelay : State::kRestartingDelay, now,
+             Syncs() ? "syncing, then restarting" : "waiting to restart");
   return true;
 }
 
 void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
   if (MaybeRestart(now, out)) return;
-  if (!options_.sync) {
+  if (AwaitGang(now, out)) return;
+  if (!Syncs()) {
     Finish(now, out);
     return;
   }
@@ -1130,7 +1299,7 @@ void StateMachine::AfterMounts(SteadyTime now, std::vector<Action>& out) {
     Transition(State::kRestoring, now, "restoring the newest complete checkpoint");
     return;
   }
-  out.push_back(SpawnTrainer{});
+  FormOrSpawn(false, now, out);
 }
 
 }  // namespace spotvisor

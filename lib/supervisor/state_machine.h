@@ -24,9 +24,11 @@ enum class Phase {
   kStarting,   // config loaded; trainer not started yet
   kMounting,   // dataset disk, scratch disk, bucket FUSE mount
   kRestoring,  // putting the newest complete checkpoint back
+  kForming,    // gang: waiting for every member (issue #16)
   kRunning,    // trainer running
   kStopping,   // stop ladder: SIGINT -> SIGTERM -> SIGKILL
   kDraining,   // trainer gone; stopping what it left behind
+  kGangWaiting,  // gang: this member's trainer finished; waiting for the others'
   kRestarting, // restart=on-failure: sync, wait restart-delay, start again
   kSyncing,    // final checkpoint sync (and DONE after a success)
   kHolding,    // on-failure-hold: a failed run keeps the VM up for debugging
@@ -47,12 +49,14 @@ enum class State {
   kMountsCancelled,    // the mount worker was told to stop: it gets a short time to unwind
   kRestoring,
   kRestoreCancelled,   // the downloads were cut short: the run ends once the worker returns
+  kForming,            // gang: waiting for a generation with this member in it
   kRunning,
   kStoppingInt,        // SIGINT sent to the trainer's group
   kStoppingTerm,       // then SIGTERM
   kStoppingKill,       // then SIGKILL
   kDrainingTerm,       // SIGTERM to what the trainer left running
   kDrainingKill,       // then SIGKILL
+  kGangWaiting,        // gang: the trainer finished; waiting for the generation to end
   kRestartingSyncDelay,  // waiting for the restart's sync and for restart-delay
   kRestartingDelay,      // the sync is done (or none): waiting for restart-delay
   kRestartingSync,       // restart-delay is over: waiting for the sync
@@ -68,7 +72,10 @@ inline constexpr int kStateCount = static_cast<int>(State::kDone) + 1;
 const char* StateName(State s);
 Phase PhaseOf(State s);
 
-enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed, kSyncStalled };
+enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed, kSyncStalled,
+                       kGangEnded,       // another member ended the gang's generation
+                       kGangFormFailed,  // the gang did not form (refused, or not within gang-form-timeout)
+};
 const char* EndReasonName(EndReason r);
 
 // Events.
@@ -121,8 +128,26 @@ struct SyncStalled {};
 // trainer must stop (windowStartTime - maintenance-stop-before) for a
 // maintenance that will terminate the VM; nullopt: nothing (any more).
 struct MaintenanceWindow { std::optional<SteadyTime> stop_at; };
+// Gang training (issue #16): a generation with this member in it is in
+// force. `writes_checkpoints`: this member syncs (gang-checkpoint = leader:
+// rank 0 only); the others only restore.
+struct GangFormed {
+  std::int64_t generation = 0;
+  int rank = 0;
+  bool writes_checkpoints = true;
+};
+// The gang cannot form: the members disagree, the name is taken.
+struct GangFormFailed { std::string error; };
+// The generation this member is in ended; `completed`: every member's
+// trainer exited 0.
+struct GangEnded {
+  std::int64_t generation = 0;
+  std::string reason;
+  bool completed = false;
+};
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
-                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled, MaintenanceWindow>;
+                           PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled, MaintenanceWindow,
+                           GangFormed, GangFormFailed, GangEnded>;
 
 // Actions.
 struct StartRestore {};
@@ -150,9 +175,14 @@ struct CancelRestore {};    // stopped or preempted while restoring: cut the dow
 struct CancelFinalSync {};  // asked a second time to stop: the final sync ends now
 struct StartUnmounts {};
 struct ExitProcess { int code; };
+struct StartForming {};   // gang: join and wait for the generation
+struct CancelForming {};  // gang: stop waiting (the run ends before the trainer)
+// gang: this member's trouble ends the generation for everyone.
+struct EndGang { std::string why; };  // "was preempted": the driver puts the member's name before it
+struct GangDone {};  // gang: this member's trainer exited 0
 using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, SyncNow, RunOnExit,
                             ExitProcess, StartMounts, CancelMounts, StartUnmounts, CancelRestore, CancelFinalSync,
-                            CancelOnExit, RunPoweroff, ForcePoweroff>;
+                            CancelOnExit, RunPoweroff, ForcePoweroff, StartForming, CancelForming, EndGang, GangDone>;
 
 struct StateMachineOptions {
   std::chrono::milliseconds stop_timeout{20'000};
@@ -193,6 +223,11 @@ struct StateMachineOptions {
   bool mounts = false;
   std::chrono::milliseconds mount_timeout{15 * 60'000};    // the whole mounting phase
   std::chrono::milliseconds unmount_timeout{2 * 60'000};   // the whole unmounting phase
+  // Gang training (issue #16): form after the restore, before the trainer.
+  bool gang = false;
+  // How long forming may take; also how long a member whose trainer
+  // finished waits for the others' to finish.
+  std::chrono::milliseconds gang_form_timeout{10 * 60'000};
 };
 
 class StateMachine {
@@ -275,6 +310,17 @@ class StateMachine {
   void CutShortBeforeTrainer(SteadyTime now, std::vector<Action>& out);
   // on-exit failed or hung: shutdown-command (again), or by force.
   void PowerOff(SteadyTime now, const std::string& why, std::vector<Action>& out);
+  // This member syncs checkpoints (no gang, or the gang's checkpoint writer).
+  bool Syncs() const { return options_.sync && sync_writes_; }
+  // Gang: the generation ends for everyone with this member's reason,
+  // once, and only while one is in force.
+  void EndGangFor(EndReason reason, std::vector<Action>& out);
+  void OnGangEnded(const GangEnded& e, SteadyTime now, std::vector<Action>& out);
+  void FormOrSpawn(bool resumed, SteadyTime now, std::vector<Action>& out);
+  // After the trainer is gone and before the final sync: a gang member whose
+  // trainer finished waits for the others'.
+  bool AwaitGang(SteadyTime now, std::vector<Action>& out);
+  void AfterGang(SteadyTime now, std::vector<Action>& out);
 
   StateMachineOptions options_;
   Emit emit_;
@@ -307,6 +353,12 @@ class StateMachine {
   std::optional<SteadyTime> stop_signal_at_;   // the first SIGINT/SIGTERM to spotvisor
   bool mounts_active_ = false;   // StartMounts was issued and not undone yet
   bool on_exit_after_teardown_ = false;
+  // Gang.
+  bool gang_formed_ = false;     // a generation with this member is (or was) in force
+  bool gang_ended_ = false;      // and it has ended (or this member ended it)
+  bool gang_completed_ = false;  // it ended because every trainer finished
+  bool sync_writes_ = true;      // false: a gang member that only restores
+  bool restore_resumed_ = false;
 };
 
 }  // namespace spotvisor

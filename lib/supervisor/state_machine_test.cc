@@ -1326,3 +1326,185 @@ TEST_CASE("an EC2 notice already past still gives no negative budget") {
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+template <typename T>
+const T& Find(const std::vector<Action>& a) {
+  for (auto const& x : a) {
+    if (auto* t = std::get_if<T>(&x)) return *t;
+  }
+  FAIL("no such action");
+  return std::get<T>(a.front());
+}
+
+StateMachineOptions GangOptions(bool sync = true) {
+  auto o = Harness::Options();
+  o.gang = true;
+  o.sync = sync;
+  o.gang_form_timeout = 60s;
+  return o;
+}
+
+// Start → restore → forming → formed as `rank` → running.
+void FormAndRun(Harness& h, int rank, bool writes) {
+  Only<StartRestore>(h.On(StartEvent{}));
+  Only<StartForming>(h.On(RestoreDone{true, false, true, ""}));
+  REQUIRE(h.machine.state() == State::kForming);
+  REQUIRE(h.machine.deadline() == h.now + 60s);
+  auto spawn = Only<SpawnTrainer>(h.On(GangFormed{7, rank, writes}));
+  CHECK(spawn.resumed);  // what the restore said
+  h.On(TrainerSpawned{100});
+  REQUIRE(h.machine.phase() == Phase::kRunning);
+}
+
+TEST_CASE("gang: the trainer starts only once the gang has formed, after the restore") {
+  Harness h(GangOptions());
+  FormAndRun(h, 0, true);
+  CHECK(h.machine.trainer_pid() == 100);
+}
+
+TEST_CASE("gang: without a bucket the gang forms right after the start") {
+  Harness h(GangOptions(/*sync=*/false));
+  Only<StartForming>(h.On(StartEvent{}));
+  CHECK(h.machine.state() == State::kForming);
+  Only<SpawnTrainer>(h.On(GangFormed{1, 2, true}));
+}
+
+TEST_CASE("gang: a form timeout ends the run before the trainer and runs on-exit") {
+  Harness h(GangOptions(false));
+  h.On(StartEvent{});
+  auto a = h.Advance(60s);
+  CHECK(Has<CancelForming>(a));
+  CHECK(Has<RunOnExit>(a));
+  CHECK(h.Logged("gang.form_timeout"));
+  CHECK(h.Last("run.end").fields["reason"] == "gang-form-failed");
+  CHECK(h.Last("run.end").fields["exit_code"] == 75);
+}
+
+TEST_CASE("gang: members that disagree end the run with exit 78 and on-exit") {
+  Harness h(GangOptions(false));
+  h.On(StartEvent{});
+  auto a = h.On(GangFormFailed{"vm-0 says size 2, vm-1 says 3"});
+  CHECK(Has<RunOnExit>(a));
+  CHECK(h.Last("run.end").fields["exit_code"] == 78);
+}
+
+TEST_CASE("gang: a preemption or a stop while forming cancels forming, no on-exit") {
+  for (bool preempt : {true, false}) {
+    Harness h(GangOptions(false));
+    h.On(StartEvent{});
+    auto a = preempt ? h.On(PreemptionNotice{}) : h.On(StopSignal{SIGTERM});
+    CHECK(Has<CancelForming>(a));
+    CHECK_FALSE(Has<RunOnExit>(a));
+    CHECK(h.Last("run.end").fields["reason"] == (preempt ? "preempted" : "stopped"));
+    CHECK(h.machine.phase() == Phase::kDone);
+  }
+}
+
+TEST_CASE("gang: this member's preemption ends the generation for everyone, once") {
+  Harness h(GangOptions());
+  FormAndRun(h, 0, true);
+  auto a = h.On(PreemptionNotice{});
+  CHECK(Find<SignalTrainer>(a).signo == SIGINT);
+  CHECK(Find<EndGang>(a).why == "preempted");
+  // The end record comes back through the watch: no second EndGang.
+  CHECK_FALSE(Has<EndGang>(h.On(GangEnded{7, "vm-0 (rank 0): preempted", false})));
+  h.On(TrainerExited{100, 130, 0});
+  auto s = h.On(LeftoversGone{});
+  CHECK_FALSE(Find<StartFinalSync>(s).write_done);
+  CHECK(Find<StartFinalSync>(s).urgent);  // inside this VM's Spot window
+}
+
+TEST_CASE("gang: another member's end stops the trainer; the survivor syncs (rank 0) and runs on-exit") {
+  Harness h(GangOptions());
+  FormAndRun(h, 0, true);
+  auto a = h.On(GangEnded{7, "vm-2 (rank 2): preempted", false});
+  CHECK(Find<SignalTrainer>(a).signo == SIGINT);
+  CHECK_FALSE(Has<EndGang>(a));
+  CHECK(h.Last("trainer.signal").fields["reason"] == "gang-ended");
+  h.On(TrainerExited{100, 130, 0});
+  CHECK_FALSE(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  Only<RunOnExit>(h.On(SyncDone{true, true}));
+  CHECK(h.Last("run.end").fields["reason"] == "gang-ended");
+}
+
+TEST_CASE("gang: a follower (rank > 0, gang-checkpoint = leader) never syncs") {
+  Harness h(GangOptions());
+  FormAndRun(h, 1, false);
+  h.On(GangEnded{7, "vm-0 (rank 0): stopped by a signal", false});
+  h.On(TrainerExited{100, 130, 0});
+  auto a = h.On(LeftoversGone{});
+  CHECK_FALSE(Has<StartFinalSync>(a));
+  CHECK(Has<RunOnExit>(a));
+}
+
+TEST_CASE("gang: a failed trainer ends the generation with its exit code") {
+  Harness h(GangOptions());
+  FormAndRun(h, 1, false);
+  auto a = h.On(TrainerExited{100, 3, 0});
+  CHECK(Find<EndGang>(a).why == "trainer failed (exit code 3)");
+  CHECK(Has<RunOnExit>(h.On(LeftoversGone{})));
+  CHECK(h.Last("run.end").fields["reason"] == "failed");
+}
+
+TEST_CASE("gang: a finished trainer waits for the others; DONE only when the whole gang completed") {
+  Harness h(GangOptions());
+  FormAndRun(h, 0, true);
+  h.On(TrainerExited{100, 0, 0});
+  Only<GangDone>(h.On(LeftoversGone{}));
+  CHECK(h.machine.state() == State::kGangWaiting);
+  CHECK(h.machine.deadline() == h.now + 60s);
+  auto s = Only<StartFinalSync>(h.On(GangEnded{7, "completed: every member's trainer exited 0", true}));
+  CHECK(s.write_done);
+  Only<RunOnExit>(h.On(SyncDone{true, true}));
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+}
+
+TEST_CASE("gang: a finished trainer whose gang ended otherwise syncs without DONE") {
+  Harness h(GangOptions());
+  FormAndRun(h, 0, true);
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  auto s = Only<StartFinalSync>(h.On(GangEnded{7, "vm-1 (rank 1): trainer failed (exit code 1)", false}));
+  CHECK_FALSE(s.write_done);
+  h.On(SyncDone{true, true});
+  CHECK(h.Last("run.end").fields["reason"] == "gang-ended");
+}
+
+TEST_CASE("gang: a finished trainer waits at most gang-form-timeout for the others") {
+  Harness h(GangOptions(false));
+  Only<StartForming>(h.On(StartEvent{}));
+  h.On(GangFormed{7, 1, false});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  auto a = h.Advance(60s);
+  CHECK(Has<EndGang>(a));
+  CHECK(Has<RunOnExit>(a));
+  CHECK(h.Logged("gang.wait_timeout"));
+  CHECK(h.Last("run.end").fields["reason"] == "gang-ended");
+}
+
+TEST_CASE("gang: a finished trainer's member preempted while waiting ends the generation") {
+  Harness h(GangOptions(false));
+  h.On(StartEvent{});
+  h.On(GangFormed{7, 1, false});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  auto a = h.On(PreemptionNotice{});
+  CHECK(Find<EndGang>(a).why == "preempted");
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("gang: without a gang nothing gang-like happens") {
+  Harness h;
+  h.StartRunning();
+  CHECK_FALSE(Has<EndGang>(h.On(PreemptionNotice{})));
+  CHECK(h.On(GangEnded{1, "x", false}).empty());
+}
+
+}  // namespace
+}  // namespace spotvisor

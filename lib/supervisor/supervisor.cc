@@ -145,6 +145,8 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.mount_timeout = 3 * c.mount_timeout + std::chrono::minutes(10);
   // The FUSE driver's exit, plus busy retries and a kill for the disks.
   o.unmount_timeout = kFuseExitWait + std::chrono::seconds(30);
+  o.gang = !c.gang.empty();
+  o.gang_form_timeout = c.gang_form_timeout;
   return o;
 }
 
@@ -202,6 +204,8 @@ void Supervisor::OnTransferProgress(const SyncProgress& p) {
 // Work still in flight (a stuck mount, a hung API) is cancelled and given a
 // bound: the process exits on time whatever it was waiting for.
 Supervisor::~Supervisor() {
+  // No gang callback may post to the loop once this object is gone.
+  if (options_.gang) options_.gang->Stop(std::chrono::seconds(2));
   CancelAllWork();
   std::size_t left = pool_.Shutdown(std::chrono::seconds(5));
   if (left > 0) {
@@ -276,10 +280,12 @@ void Supervisor::NotifyPreempted(std::optional<WallTime> ends_at, std::string wh
 
 void Supervisor::NotifyRebalance(const std::string& body) {
   asio::post(io_, [this, body] {
-    if (!options_.sync) {
+    if (!SyncWrites()) {
       logger_.Log(LogEvent{Severity::kNotice, "rebalance.detected",
-                           "EC2 rebalance recommendation: the instance is at elevated risk of interruption; no bucket "
-                           "is configured, nothing to sync",
+                           options_.sync ? "EC2 rebalance recommendation: the instance is at elevated risk of "
+                                           "interruption; this gang member does not sync (rank 0 does)"
+                                         : "EC2 rebalance recommendation: the instance is at elevated risk of "
+                                           "interruption; no bucket is configured, nothing to sync",
                            {{"notice", body}}});
       return;
     }
@@ -417,6 +423,18 @@ void Supervisor::Execute(const Action& a) {
     RunPoweroff();
   } else if (std::holds_alternative<struct ForcePoweroff>(a)) {
     ForcePoweroff();
+  } else if (std::holds_alternative<struct StartForming>(a)) {
+    StartForming();
+  } else if (std::holds_alternative<CancelForming>(a)) {
+    // Leaving revokes the lease: off the loop, bounded.
+    if (auto gang = options_.gang) pool_.Post([gang] { gang->Stop(std::chrono::seconds(2)); });
+  } else if (auto* eg = std::get_if<EndGang>(&a)) {
+    if (options_.gang && gang_generation_) {
+      options_.gang->End(gang_generation_->number,
+                         fmt::format("{} (rank {}): {}", options_.gang->options().self.instance, gang_rank_, eg->why));
+    }
+  } else if (std::holds_alternative<GangDone>(a)) {
+    if (options_.gang && gang_generation_) options_.gang->Done(gang_generation_->number);
   } else if (auto* x = std::get_if<ExitProcess>(&a)) {
     Exit(x->code);
   }
@@ -431,6 +449,7 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
   for (auto const& [k, v] : SpotvisorEnv(c)) o.env.push_back(k + "=" + v);
   o.env.push_back(std::string("SPOTVISOR_RESUMED=") + (resumed ? "1" : "0"));
   o.env.push_back("SPOTVISOR_RESTART_COUNT=" + std::to_string(restart_count));
+  for (auto const& e : GangEnv()) o.env.push_back(e);
   o.workdir = c.workdir;
   o.user = options_.user;
   o.capture_output = true;
@@ -616,6 +635,8 @@ nlohmann::json Supervisor::RunStatusJson(nlohmann::json fields) const {
 }
 
 void Supervisor::PublishRunStatus(nlohmann::json fields) {
+  // In a gang, rank 0 writes it (before forming, nobody: the rank is not known).
+  if (!options_.sync || (options_.gang && gang_rank_ != 0)) return;
   auto engine = options_.sync;
   auto status = RunStatusJson(std::move(fields));
   CallContext ctx;
@@ -635,10 +656,10 @@ void Supervisor::PublishRunStatus(nlohmann::json fields) {
 
 void Supervisor::ArmReportTimer() {
   auto interval = options_.config.checkpoint_report_interval;
-  if (!options_.sync || interval.count() == 0 || exited_) return;
+  if (!SyncWrites() || interval.count() == 0 || exited_) return;
   report_timer_.expires_after(interval);
   report_timer_.async_wait([this](boost::system::error_code ec) {
-    if (ec || exited_) return;
+    if (ec || exited_ || !SyncWrites()) return;
     if (machine_.phase() == Phase::kDone) return;
     CountUncommitted([this] {
       logger_.Log(durability_.AgeEvent(clock_.Now(), clock_.WallNow(), options_.sync->Committed(), uncommitted_));
@@ -649,7 +670,7 @@ void Supervisor::ArmReportTimer() {
 }
 
 void Supervisor::ArmStallTimer() {
-  if (exited_ || !options_.sync) return;
+  if (exited_ || !SyncWrites()) return;
   auto next = durability_.NextCheck();
   if (!next) {
     stall_timer_.cancel();
@@ -665,9 +686,9 @@ void Supervisor::ArmStallTimer() {
 void Supervisor::OnStallCheck() {
   // Not training (stopping, the final sync, done): the run's own end
   // handles the last sync.
-  if (!Training(machine_.phase())) return;
+  if (!Training(machine_.phase()) || !SyncWrites()) return;
   CountUncommitted([this] {
-    if (!Training(machine_.phase())) return;
+    if (!Training(machine_.phase()) || !SyncWrites()) return;
     auto e = durability_.Check(clock_.Now(), uncommitted_);
     if (!e) {
       ArmStallTimer();  // caught up meanwhile, or not due yet
@@ -694,7 +715,7 @@ void Supervisor::OnStallCheck() {
 
 void Supervisor::ArmSyncTimer() {
   auto const& c = options_.config;
-  if (!options_.sync || c.sync_interval.count() == 0) return;
+  if (!SyncWrites() || c.sync_interval.count() == 0) return;
   sync_timer_.expires_after(c.sync_interval);
   sync_timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || exited_) return;
@@ -890,8 +911,11 @@ void Supervisor::OnSignal(int signo) {
       logger_.Info("signal.received", "SIGUSR2 (release): nothing is being held");
     }
   } else if (signo == SIGUSR1) {
-    if (options_.sync) {
+    if (SyncWrites()) {
       StartSync("on-demand", false, false);
+    } else if (options_.sync) {
+      logger_.Warn("sync.skipped", fmt::format("SIGUSR1: this gang member (rank {}) does not sync: rank 0 syncs the "
+                                               "gang's checkpoints (gang-checkpoint = leader)", gang_rank_));
     } else {
       logger_.Warn("sync.skipped", "SIGUSR1: no bucket is configured, nothing to sync");
     }
@@ -1104,6 +1128,7 @@ RunView Supervisor::View(const LogEvent& last) const {
   v.last_message = last.message;
   v.last_sync = last_sync_;
   v.transfer = transfer_;
+  if (options_.gang) v.gang = options_.gang->StatusJson();
   if (options_.sync && restored_) {
     v.checkpoint = durability_.Json(clock_.Now(), clock_.WallNow(), options_.sync->Committed(), uncommitted_,
                                     uncommitted_as_of_);
@@ -1120,6 +1145,74 @@ void Supervisor::WriteStatus(const LogEvent& last) {
   last_status_event_ = last;
   auto view = View(last);
   for (auto& o : observers_) o->OnChange(view);
+}
+
+}  // namespace spotvisor
+
+namespace spotvisor {
+
+void Supervisor::StartForming() {
+  auto gang = options_.gang;
+  if (!gang) return;
+  GangSession::Callbacks cb;
+  cb.formed = [this](const Generation& g, int rank) { asio::post(io_, [this, g, rank] { OnGangFormed(g, rank); }); };
+  cb.failed = [this](const Status& s) {
+    asio::post(io_, [this, s] { Dispatch(GangFormFailed{s.message()}); });
+  };
+  cb.ended = [this](std::int64_t n, const std::string& reason) {
+    asio::post(io_, [this, n, reason] { Dispatch(GangEnded{n, reason, reason == kGangCompleted}); });
+  };
+  gang->Start(std::move(cb));
+}
+
+void Supervisor::OnGangFormed(const Generation& g, int rank) {
+  if (machine_.state() != State::kForming) return;  // stopped meanwhile
+  gang_generation_ = g;
+  gang_rank_ = rank;
+  // gang-checkpoint = leader: rank 0's directory is the gang's checkpoint.
+  gang_follower_ = rank != 0;
+  if (options_.sync && gang_follower_) {
+    logger_.Info("sync.follower",
+                 fmt::format("this gang member (rank {}) restores checkpoints but does not sync them: rank 0 ({}) syncs "
+                             "the gang's (gang-checkpoint = leader)",
+                             rank, g.members.empty() ? "" : g.members[0].instance),
+                 {{"rank", rank}});
+  }
+  // The OpenMPI hostfile (one slot per node: one trainer per VM), replaced atomically.
+  std::string hostfile;
+  for (auto const& m : g.members) hostfile += m.ip + " slots=1\n";
+  auto path = options_.config.state_dir + "/gang-hostfile";
+  if (auto s = WriteFileAtomically(path, hostfile); !s.ok()) {
+    logger_.Warn("gang.hostfile_failed", fmt::format("cannot write {}: {}", path, s.message()));
+  }
+  Dispatch(GangFormed{g.number, rank, !gang_follower_});
+}
+
+std::vector<std::string> Supervisor::GangEnv() const {
+  if (!options_.gang || !gang_generation_) return {};
+  auto const& g = *gang_generation_;
+  std::string hosts;
+  for (auto const& m : g.members) hosts += (hosts.empty() ? "" : ",") + m.ip;
+  auto n = std::to_string(g.members.size());
+  auto r = std::to_string(gang_rank_);
+  std::string master = g.members.empty() ? "" : g.members[0].ip;
+  return {
+      "SPOTVISOR_GANG=" + options_.config.gang,
+      "SPOTVISOR_GANG_RANK=" + r,
+      "SPOTVISOR_GANG_SIZE=" + n,
+      "SPOTVISOR_GANG_GENERATION=" + std::to_string(g.number),
+      "SPOTVISOR_GANG_HOSTS=" + hosts,
+      "SPOTVISOR_GANG_HOSTFILE=" + options_.config.state_dir + "/gang-hostfile",
+      // torch.distributed's env:// initialisation, one process per node.
+      "MASTER_ADDR=" + master,
+      "MASTER_PORT=" + std::to_string(options_.config.gang_master_port),
+      "RANK=" + r,
+      "WORLD_SIZE=" + n,
+      "LOCAL_RANK=0",
+      // torchrun's --nnodes / --node_rank.
+      "NNODES=" + n,
+      "NODE_RANK=" + r,
+  };
 }
 
 }  // namespace spotvisor

@@ -30,6 +30,7 @@
 #include "common/cancel.h"
 #include "common/worker_pool.h"
 #include "retry/sleeper.h"
+#include "gang/session.h"
 
 namespace spotvisor {
 
@@ -59,6 +60,8 @@ struct SupervisorOptions {
   std::shared_ptr<ChildRegistry> children = std::make_shared<ChildRegistry>();
   // Null when nothing is to be mounted.
   std::shared_ptr<MountManager> mounts;
+  // Gang training (issue #16); null: no gang.
+  std::shared_ptr<GangSession> gang;
 };
 
 class Supervisor {
@@ -185,6 +188,16 @@ class Supervisor {
   nlohmann::json transfer_;
   std::string transfer_kind_;
   void OnTransferProgress(const SyncProgress& p);
+  // Gang (issue #16).
+  void StartForming();
+  void OnGangFormed(const Generation& g, int rank);
+  // This member syncs checkpoints: a bucket, and not a gang member that
+  // only restores (gang-checkpoint = leader, rank > 0).
+  bool SyncWrites() const { return options_.sync && !gang_follower_; }
+  std::vector<std::string> GangEnv() const;
+  std::optional<Generation> gang_generation_;
+  int gang_rank_ = -1;
+  bool gang_follower_ = false;
   CancellableSleeper compute_sleeper_;
   std::vector<std::unique_ptr<OutputPump>> pumps_;
   pid_t trainer_pid_ = 0;

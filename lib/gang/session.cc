@@ -1,0 +1,276 @@
+#include "gang/session.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/worker_pool.h"
+#include "retry/backoff_policy.h"
+
+namespace spotvisor {
+namespace {
+
+std::string Endpoints(const EtcdOptions& o) {
+  std::string s;
+  for (auto const& e : o.endpoints) s += (s.empty() ? "" : ", ") + e;
+  return s;
+}
+
+bool Transient(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded ||
+         s.code() == StatusCode::kInternal;
+}
+
+}  // namespace
+
+GangSession::GangSession(GangSessionOptions options, std::unique_ptr<EtcdClient> etcd, Logger& logger, const Clock& clock)
+    : options_(std::move(options)), etcd_(std::move(etcd)), logger_(logger), clock_(clock) {
+  options_.self.size = options_.gang.size;
+  coordinator_ = std::make_unique<GangCoordinator>(*etcd_, options_.gang, options_.self, clock_, sleeper_);
+}
+
+GangSession::~GangSession() { Stop(std::chrono::seconds(2)); }
+
+CallContext GangSession::Ctx(const std::shared_ptr<CancelSource>& cancel) const {
+  CallContext c;
+  c.cancel = cancel;
+  c.clock = &clock_;
+  return c;
+}
+
+void GangSession::Start(Callbacks cb) {
+  cb_ = std::move(cb);
+  logger_.Info("gang.joining",
+               fmt::format("joining gang {} ({} members) through etcd at {} as {} ({})", options_.gang.name,
+                           options_.gang.size, Endpoints(options_.etcd), options_.self.instance, options_.self.ip),
+               {{"gang", options_.gang.name}, {"size", options_.gang.size}, {"instance", options_.self.instance},
+                {"ip", options_.self.ip}, {"etcd", options_.etcd.endpoints}});
+  forming_ = StartSignalFreeThread([this] { RunForming(); });
+}
+
+void GangSession::NoteEtcd(const Status& s, const char* doing) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s.ok()) {
+    if (etcd_down_) {
+      logger_.Info("gang.etcd_recovered", fmt::format("etcd answered again after {} failed attempt(s)", etcd_failures_),
+                   {{"failed_attempts", etcd_failures_}});
+    }
+    etcd_down_ = false;
+    etcd_failures_ = 0;
+    return;
+  }
+  ++etcd_failures_;
+  if (etcd_down_) return;
+  etcd_down_ = true;
+  logger_.Warn("gang.etcd_unavailable",
+               fmt::format("{}: {}; retrying with backoff (the trainer, if running, keeps running)", doing, s.message()),
+               {{"error", s.message()}});
+}
+
+bool GangSession::JoinWithRetry() {
+  auto ctx = Ctx(stop_);
+  ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(5), 2.0);
+  for (;;) {
+    auto s = coordinator_->Join(ctx);
+    if (s.ok()) {
+      NoteEtcd(OkStatus(), "");
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!joined_) {
+        logger_.Info("gang.joined",
+                     fmt::format("registered in gang {}; waiting for {} members", options_.gang.name, options_.gang.size),
+                     {{"gang", options_.gang.name}, {"size", options_.gang.size}});
+      }
+      joined_ = true;
+      return true;
+    }
+    if (ctx.cancelled()) return false;
+    if (!Transient(s) && s.code() != StatusCode::kNotFound) {
+      logger_.Error("gang.form_failed", s.message(), {{"error", s.message()}});
+      if (cb_.failed) cb_.failed(s);
+      return false;
+    }
+    NoteEtcd(s, "registering in the gang");
+    if (!ctx.SleepFor(backoff.OnCompletion())) return false;
+  }
+}
+
+void GangSession::RunForming() {
+  if (!JoinWithRetry()) return;
+  keepalive_ = StartSignalFreeThread([this] { RunKeepAlive(); });
+  auto ctx = Ctx(stop_);
+  Generation g;
+  ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(5), 2.0);
+  for (;;) {
+    auto got = coordinator_->AwaitGeneration(ctx);
+    if (got.ok()) {
+      g = *std::move(got);
+      break;
+    }
+    if (ctx.cancelled()) return;
+    if (got.status().code() == StatusCode::kNotFound) {
+      // Our lease expired while we waited (etcd away for longer than the TTL).
+      if (!JoinWithRetry()) return;
+      continue;
+    }
+    if (got.status().code() == StatusCode::kFailedPrecondition || got.status().code() == StatusCode::kInvalidArgument) {
+      logger_.Error("gang.form_failed", got.status().message(), {{"error", got.status().message()}});
+      if (cb_.failed) cb_.failed(got.status());
+      return;
+    }
+    NoteEtcd(got.status(), "waiting for the gang to form");
+    if (!ctx.SleepFor(backoff.OnCompletion())) return;
+  }
+  int rank = -1;
+  nlohmann::json members = nlohmann::json::array();
+  for (auto const& m : g.members) {
+    if (m.instance == options_.self.instance) rank = m.rank;
+    members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank}});
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation_ = g;
+    rank_ = rank;
+  }
+  logger_.Log(LogEvent{Severity::kNotice, "gang.formed",
+                       fmt::format("gang {} generation {} formed: this VM is rank {} of {} (rank 0: {} at {})",
+                                   options_.gang.name, g.number, rank, g.members.size(),
+                                   g.members.empty() ? "" : g.members[0].instance, g.members.empty() ? "" : g.members[0].ip),
+                       {{"gang", options_.gang.name}, {"generation", g.number}, {"rank", rank},
+                        {"size", g.members.size()}, {"members", members}}});
+  if (cb_.formed) cb_.formed(g, rank);
+  for (;;) {
+    auto end = coordinator_->AwaitEnd(g, ctx);
+    if (end.ok()) {
+      logger_.Warn("gang.ended", fmt::format("gang {} generation {} ended: {}", options_.gang.name, g.number, *end),
+                   {{"gang", options_.gang.name}, {"generation", g.number}, {"reason", *end}});
+      if (cb_.ended) cb_.ended(g.number, *end);
+      return;
+    }
+    if (ctx.cancelled()) return;
+    NoteEtcd(end.status(), "watching the gang");
+    if (!ctx.SleepFor(backoff.OnCompletion())) return;
+  }
+}
+
+void GangSession::RunKeepAlive() {
+  auto every = std::max(std::chrono::milliseconds(500),
+                        std::chrono::duration_cast<std::chrono::milliseconds>(options_.gang.member_ttl) / 3);
+  bool lost_logged = false;
+  auto ctx = Ctx(stop_);
+  while (ctx.SleepFor(every)) {
+    auto call = ctx.WithDeadline(clock_.Now() + every);
+    auto r = coordinator_->KeepAlive(call);
+    if (ctx.cancelled()) return;
+    if (r.ok()) {
+      NoteEtcd(OkStatus(), "");
+      lost_logged = false;
+      continue;
+    }
+    if (r.code() == StatusCode::kNotFound) {
+      if (!lost_logged) {
+        logger_.Error("gang.lease_lost",
+                      fmt::format("this VM's gang lease expired (not renewed for {}s): the others count it as gone",
+                                  options_.gang.member_ttl.count()),
+                      {{"error", r.message()}});
+      }
+      lost_logged = true;
+      continue;
+    }
+    NoteEtcd(r, "renewing the gang lease");
+  }
+}
+
+void GangSession::RunTask(std::function<void(const CallContext&)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return;
+  auto ctx = Ctx(tasks_cancel_);
+  tasks_.push_back(StartSignalFreeThread([fn = std::move(fn), ctx] { fn(ctx); }));
+}
+
+void GangSession::End(std::int64_t generation, std::string reason) {
+  logger_.Warn("gang.ending", fmt::format("ending gang {} generation {}: {}", options_.gang.name, generation, reason),
+               {{"gang", options_.gang.name}, {"generation", generation}, {"reason", reason}});
+  RunTask([this, generation, reason](const CallContext& ctx) {
+    auto r = coordinator_->EndGeneration(generation, reason, ctx);
+    if (!r.ok()) {
+      logger_.Error("gang.end_failed", fmt::format("could not record the end of generation {}: {}", generation, r.status().message()),
+                    {{"generation", generation}, {"error", r.status().message()}});
+    } else if (*r != reason) {
+      logger_.Info("gang.end_taken", fmt::format("generation {} had already ended: {}", generation, *r),
+                   {{"generation", generation}, {"reason", *r}});
+    }
+  });
+}
+
+void GangSession::Done(std::int64_t generation) {
+  std::optional<Generation> g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    g = generation_;
+  }
+  if (!g || g->number != generation) return;
+  logger_.Info("gang.done", fmt::format("this VM's trainer finished generation {}'s work; waiting for the other members'",
+                                        generation),
+               {{"generation", generation}});
+  RunTask([this, g = *g](const CallContext& ctx) {
+    auto r = coordinator_->MarkDone(g, ctx);
+    if (!r.ok()) {
+      logger_.Error("gang.done_failed", fmt::format("could not record that this VM's trainer finished: {}", r.status().message()),
+                    {{"generation", g.number}, {"error", r.status().message()}});
+    }
+  });
+}
+
+void GangSession::Stop(std::chrono::milliseconds bound) {
+  std::vector<std::thread> tasks;
+  bool joined = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    tasks.swap(tasks_);
+    joined = joined_;
+  }
+  auto start = clock_.Now();
+  stop_->Cancel();
+  sleeper_.Cancel();
+  if (forming_.joinable()) forming_.join();
+  if (keepalive_.joinable()) keepalive_.join();
+  // End and Done say something the others must hear: they get half the
+  // bound before they are cut short.
+  std::thread cutter = StartSignalFreeThread([this, bound] {
+    if (tasks_cancel_->WaitFor(bound / 2)) tasks_cancel_->Cancel();
+  });
+  for (auto& t : tasks) t.join();
+  tasks_cancel_->Cancel();
+  cutter.join();
+  if (!joined) return;
+  CallContext c;
+  c.clock = &clock_;
+  c.deadline = std::max(start + bound, clock_.Now() + std::chrono::milliseconds(200));
+  auto s = coordinator_->Leave(c);
+  if (s.ok()) {
+    logger_.Info("gang.left", fmt::format("left gang {} (lease revoked)", options_.gang.name));
+  } else if (s.code() != StatusCode::kNotFound) {
+    logger_.Warn("gang.leave_failed",
+                 fmt::format("could not leave gang {}: {}; the others see this VM gone when its lease expires ({}s)",
+                             options_.gang.name, s.message(), options_.gang.member_ttl.count()),
+                 {{"error", s.message()}});
+  }
+}
+
+nlohmann::json GangSession::StatusJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json j = {{"name", options_.gang.name}, {"size", options_.gang.size}, {"instance", options_.self.instance},
+                      {"ip", options_.self.ip}, {"etcd_reachable", !etcd_down_}};
+  if (generation_) {
+    j["generation"] = generation_->number;
+    j["rank"] = rank_;
+    nlohmann::json members = nlohmann::json::array();
+    for (auto const& m : generation_->members) members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank}});
+    j["members"] = members;
+  }
+  return j;
+}
+
+}  // namespace spotvisor

@@ -1,0 +1,401 @@
+"""Gang training (issue #16): several spotvisors, one real etcd, one bucket.
+
+Each member is a real spotvisor with its own fake metadata server (its own
+instance name) and its own loopback address (127.0.0.K, all of 127/8 is
+loopback), checkpoint dir and state dir; they coordinate through a real etcd
+(Debian's etcd-server) started by the test, and share a file:// bucket. The
+trainer is a small script that records the environment it was given, writes
+a checkpoint, and exits when told to (a file) or on SIGINT.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from harness import Spotvisor, wait_until, pid_alive, WAIT
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes"))
+from fake_metadata import FakeMetadataServer  # noqa: E402
+
+TRAINER = r'''
+import json, os, signal, sys, time
+out, member = os.environ["GANG_OUT"], os.environ["MEMBER"]
+keys = ("SPOTVISOR_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NNODES", "NODE_RANK")
+env = {k: v for k, v in os.environ.items() if k.startswith(keys)}
+ckpt = os.environ["SPOTVISOR_CHECKPOINT_DIR"]
+start = 0
+try:
+    with open(os.path.join(ckpt, "model")) as f:
+        start = int(f.read().split()[1])
+except (FileNotFoundError, IndexError, ValueError):
+    pass
+env["start_step"] = start
+def save(step):
+    tmp = os.path.join(ckpt, "model.tmp")
+    with open(tmp, "w") as f:
+        f.write(f"step {step} by {member}\n")
+    os.rename(tmp, os.path.join(ckpt, "model"))
+def on_int(signum, frame):
+    save(start + 1)
+    with open(os.path.join(out, f"sigint-{member}"), "w") as f:
+        f.write(repr(time.time()))
+    sys.exit(130)
+signal.signal(signal.SIGINT, on_int)
+with open(os.path.join(out, f"env-{member}.tmp"), "w") as f:
+    json.dump(env, f)
+os.rename(os.path.join(out, f"env-{member}.tmp"), os.path.join(out, f"env-{member}.json"))
+while True:
+    for name in (f"exit-{member}", "exit-all"):
+        p = os.path.join(out, name)
+        if os.path.exists(p):
+            with open(p) as f:
+                code = int(f.read().strip() or 0)
+            if code == 0:
+                save(start + 1)
+            sys.exit(code)
+    time.sleep(0.02)
+'''
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """A real single-member etcd on loopback, in its own data dir."""
+
+    def __init__(self, tmp):
+        self.dir = os.path.join(tmp, "etcd")
+        os.makedirs(self.dir, exist_ok=True)
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.proc = None
+
+    def start(self):
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = open(os.path.join(self.dir, "etcd.log"), "ab")
+        self.proc = subprocess.Popen(
+            [shutil.which("etcd") or "/usr/bin/etcd", "--name=it", f"--data-dir={self.dir}/data",
+             f"--listen-client-urls={self.url}", f"--advertise-client-urls={self.url}",
+             f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+             f"--initial-cluster=it={peer}", "--logger=zap", "--log-outputs=stderr"],
+            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+
+        def healthy():
+            try:
+                with socket.create_connection(("127.0.0.1", self.client_port), timeout=1) as s:
+                    s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+                    return b'"health":"true"' in s.recv(4096)
+            except OSError:
+                return False
+        wait_until(healthy, what="etcd healthy")
+        return self
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc:
+            self.log.close()
+
+
+class GangTestCase(unittest.TestCase):
+    NAME = "g1"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="spotvisor-gang-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.out = os.path.join(self.tmp, "out")
+        os.makedirs(self.out)
+        self.trainer = os.path.join(self.tmp, "trainer.py")
+        with open(self.trainer, "w") as f:
+            f.write(TRAINER)
+        self.bucket = os.path.join(self.tmp, "bucket")
+        os.makedirs(self.bucket)
+        self.etcd = Etcd(self.tmp).start()
+        self.addCleanup(self.etcd.stop)
+        self.members = {}
+        self.addCleanup(self._kill_all)
+
+    def _kill_all(self):
+        for m in self.members.values():
+            m["proc"].kill()
+            m["metadata"].stop()
+        # A member whose spotvisor was killed leaves its trainer behind.
+        for path in glob.glob(os.path.join(self.tmp, "state-*", "status.json")):
+            try:
+                with open(path) as f:
+                    pid = json.load(f).get("trainer_pid")
+                if pid:
+                    os.killpg(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+
+    def start_member(self, k, size=3, address=True, **sets):
+        """Member vm-K at 127.0.0.(K+2): given as gang-address, or (address=False) by the metadata server."""
+        name = f"vm-{k}"
+        ip = f"127.0.0.{k + 2}"
+        metadata = FakeMetadataServer(instance_name=name).start()
+        metadata.set("instance/network-interfaces/0/ip", ip)
+        base = {
+            "gang": self.NAME, "gang-size": str(size), "gang-etcd": self.etcd.url,
+            "bucket": f"file://{self.bucket}", "checkpoint-dir": os.path.join(self.tmp, f"ckpt-{k}"),
+            "state-dir": os.path.join(self.tmp, f"state-{k}"), "sync-interval": "0", "sync-settle": "0s",
+            "stop-timeout": "5s", "kill-timeout": "2s", "metadata-watch-timeout": "5s",
+            "gang-form-timeout": "60s", "gang-lease-ttl": "3s", "gang-master-port": "29777",
+            "env": f"MEMBER={name}\nGANG_OUT={self.out}",
+            "on-exit": "poweroff", "shutdown-command": f"touch {self.tmp}/poweroff-{name}",
+        }
+        if address:
+            base["gang-address"] = ip
+        base.update(sets)
+        args = ["run"]
+        for key, value in base.items():
+            args += ["--set", f"{key}={value}"]
+        args += ["--", "/usr/bin/python3", self.trainer]
+        proc = Spotvisor(args, {"GCE_METADATA_HOST": f"127.0.0.1:{metadata.port}"})
+        self.members[name] = {"proc": proc, "metadata": metadata, "ip": ip}
+        return proc
+
+    def env_of(self, name, timeout=WAIT):
+        path = os.path.join(self.out, f"env-{name}.json")
+        wait_until(lambda: os.path.exists(path), timeout, f"{name}'s trainer to start")
+        with open(path) as f:
+            return json.load(f)
+
+    def sigint_time(self, name, timeout=WAIT):
+        path = os.path.join(self.out, f"sigint-{name}")
+        wait_until(lambda: os.path.exists(path) and os.path.getsize(path) > 0, timeout, f"SIGINT in {name}'s trainer")
+        with open(path) as f:
+            return float(f.read())
+
+    def form(self, n=3, **sets):
+        procs = [self.start_member(k, size=n, **sets) for k in range(n)]
+        for p in procs:
+            p.wait_event("gang.formed", timeout=30)
+        return procs
+
+
+class GangTest(GangTestCase):
+    def test_three_members_form_with_ranks_by_address_and_complete_together(self):
+        # vm-2 gives no gang-address: its IP comes from the metadata server.
+        procs = [self.start_member(0), self.start_member(1), self.start_member(2, address=False)]
+        formed = [p.wait_event("gang.formed", timeout=30) for p in procs]
+        self.assertEqual({f["generation"] for f in formed}, {formed[0]["generation"]}, "one generation for all")
+        envs = {f"vm-{k}": self.env_of(f"vm-{k}") for k in range(3)}
+        hosts = "127.0.0.2,127.0.0.3,127.0.0.4"
+        for k in range(3):
+            e = envs[f"vm-{k}"]
+            # Lowest address is rank 0 (seed 004: it runs mpiexec).
+            self.assertEqual(e["SPOTVISOR_GANG_RANK"], str(k), e)
+            self.assertEqual(e["RANK"], str(k))
+            self.assertEqual(e["NODE_RANK"], str(k))
+            self.assertEqual(e["WORLD_SIZE"], "3")
+            self.assertEqual(e["NNODES"], "3")
+            self.assertEqual(e["SPOTVISOR_GANG_SIZE"], "3")
+            self.assertEqual(e["LOCAL_RANK"], "0")
+            self.assertEqual(e["MASTER_ADDR"], "127.0.0.2")
+            self.assertEqual(e["MASTER_PORT"], "29777")
+            self.assertEqual(e["SPOTVISOR_GANG"], self.NAME)
+            self.assertEqual(e["SPOTVISOR_GANG_HOSTS"], hosts)
+            self.assertEqual(e["SPOTVISOR_GANG_GENERATION"], str(formed[0]["generation"]))
+            self.assertEqual(e["SPOTVISOR_RUN_ID"], self.NAME, "the gang is one run")
+            with open(e["SPOTVISOR_GANG_HOSTFILE"]) as f:
+                self.assertEqual(f.read(), "127.0.0.2 slots=1\n127.0.0.3 slots=1\n127.0.0.4 slots=1\n")
+        # Status shows the gang.
+        with open(os.path.join(self.tmp, "state-1", "status.json")) as f:
+            st = json.load(f)
+        self.assertEqual(st["gang"]["rank"], 1)
+        self.assertEqual([m["instance"] for m in st["gang"]["members"]], ["vm-0", "vm-1", "vm-2"])
+        # rank 1 finishes first: it waits for the others, and nobody is stopped.
+        with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
+            f.write("0")
+        procs[1].wait_event("gang.done")
+        procs[1].wait_event("supervisor.state", state="gang-waiting")
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            end = p.wait_event("run.end")
+            self.assertEqual(end["reason"], "completed", end)
+            ended = p.wait_event("gang.ended")
+            self.assertIn("completed", ended["reason"])
+        for k in range(3):
+            self.assertFalse(os.path.exists(os.path.join(self.out, f"sigint-vm-{k}")), "nobody was stopped")
+            self.assertTrue(os.path.exists(os.path.join(self.tmp, f"poweroff-vm-{k}")), "on-exit ran everywhere")
+        # Only rank 0 synced, and it wrote DONE once the whole gang had finished.
+        self.assertTrue(procs[0].find("done.written"))
+        for p in procs[1:]:
+            self.assertTrue(p.find("sync.follower"))
+            self.assertFalse(p.find("sync.complete"), "a follower never writes to the bucket")
+        self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+        # A new boot of the gang finds DONE and does not train again.
+        p = self.start_member(0)
+        self.assertEqual(p.wait_exit(timeout=30), 0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "already-done")
+
+    def test_one_member_preempted_stops_every_trainer_and_rank0_syncs(self):
+        procs = self.form()
+        for k in range(3):
+            self.env_of(f"vm-{k}")
+        self.members["vm-2"]["metadata"].set("instance/preempted", "TRUE")
+        times = [self.sigint_time(f"vm-{k}") for k in range(3)]
+        self.assertLess(max(times) - min(times), 5.0, times)
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 130)
+        self.assertEqual(procs[2].wait_event("run.end")["reason"], "preempted")
+        for p in procs[:2]:
+            self.assertEqual(p.wait_event("run.end")["reason"], "gang-ended")
+            ended = p.wait_event("gang.ended")
+            self.assertIn("vm-2 (rank 2): preempted", ended["reason"])
+        # The survivors run on-exit (gang-on-loss = stop); GCE takes the preempted VM itself.
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "poweroff-vm-0")))
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "poweroff-vm-1")))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "poweroff-vm-2")))
+        # Rank 0's checkpoint after SIGINT is committed; no DONE.
+        final = procs[0].wait_event("sync.complete")
+        self.assertTrue(final)
+        self.assertFalse(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+        # The gang boots again (the preempted VM came back): every member
+        # restores rank 0's checkpoint and they resume together with the same ranks.
+        for name in list(self.members):
+            self.members[name]["metadata"].stop()
+        self.members.clear()
+        shutil.rmtree(self.out)
+        os.makedirs(self.out)
+        procs = self.form()
+        for k in range(3):
+            e = self.env_of(f"vm-{k}")
+            self.assertEqual(e["SPOTVISOR_GANG_RANK"], str(k))
+            self.assertEqual(e["SPOTVISOR_RESUMED"], "1")
+            self.assertEqual(e["start_step"], 1, "every member restored rank 0's checkpoint")
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+
+    def test_a_trainer_failure_ends_the_generation_for_all(self):
+        procs = self.form()
+        for k in range(3):
+            self.env_of(f"vm-{k}")
+        with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
+            f.write("3")
+        self.sigint_time("vm-0")
+        self.sigint_time("vm-2")
+        self.assertEqual(procs[1].wait_exit(timeout=30), 3)
+        self.assertEqual(procs[1].wait_event("run.end")["reason"], "failed")
+        for p in (procs[0], procs[2]):
+            self.assertEqual(p.wait_exit(timeout=30), 130)
+            self.assertIn("vm-1 (rank 1): trainer failed (exit code 3)", p.wait_event("gang.ended")["reason"])
+        for k in range(3):
+            self.assertTrue(os.path.exists(os.path.join(self.tmp, f"poweroff-vm-{k}")), "on-exit ran everywhere")
+
+    def test_a_member_killed_without_a_word_is_gone_when_its_lease_expires(self):
+        procs = self.form()
+        envs = [self.env_of(f"vm-{k}") for k in range(3)]
+        del envs
+        with open(os.path.join(self.tmp, "state-1", "status.json")) as f:
+            trainer = json.load(f)["trainer_pid"]
+        procs[1].kill()  # SIGKILL: no end record, no lease revoke
+        os.killpg(trainer, signal.SIGKILL)  # the VM is gone with it
+        killed = time.monotonic()
+        self.sigint_time("vm-0", timeout=30)
+        self.sigint_time("vm-2", timeout=30)
+        took = time.monotonic() - killed
+        self.assertLess(took, 3 + 10, "noticed within the lease TTL and a margin")
+        for p in (procs[0], procs[2]):
+            self.assertEqual(p.wait_exit(timeout=30), 130)
+            self.assertIn("vm-1", p.wait_event("gang.ended")["reason"])
+            self.assertIn("gone", p.wait_event("gang.ended")["reason"])
+
+    def test_form_timeout_with_a_member_missing_runs_on_exit_everywhere(self):
+        procs = [self.start_member(k, **{"gang-form-timeout": "3s"}) for k in range(2)]
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 75)
+            p.wait_event("gang.form_timeout")
+            self.assertEqual(p.wait_event("run.end")["reason"], "gang-form-failed")
+            self.assertFalse(p.find("trainer.start"))
+        for k in range(2):
+            self.assertTrue(os.path.exists(os.path.join(self.tmp, f"poweroff-vm-{k}")), "no VM waits forever")
+
+    def test_members_that_disagree_on_the_size_refuse_to_form_and_name_both(self):
+        a = self.start_member(0, size=2)
+        b = self.start_member(1, size=3)
+        for p in (a, b):
+            self.assertEqual(p.wait_exit(timeout=30), 78)
+            failed = p.wait_event("gang.form_failed")
+            self.assertIn("vm-0", failed["message"])
+            self.assertIn("vm-1", failed["message"])
+            self.assertFalse(p.find("trainer.start"))
+
+    def test_etcd_down_at_boot_is_waited_out(self):
+        self.etcd.stop()
+        procs = [self.start_member(k, size=2) for k in range(2)]
+        for p in procs:
+            p.wait_event("gang.etcd_unavailable")
+        self.etcd.start()
+        for p in procs:
+            p.wait_event("gang.formed", timeout=30)
+            p.wait_event("gang.etcd_recovered")
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+
+    def test_etcd_lost_mid_run_does_not_stop_the_trainers(self):
+        procs = self.form(n=2)
+        for k in range(2):
+            self.env_of(f"vm-{k}")
+        self.etcd.stop()
+        for p in procs:
+            p.wait_event("gang.etcd_unavailable", timeout=30)
+        # Longer than the lease TTL (3 s): nobody can expire anything while etcd is down.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for k in range(2):
+                self.assertFalse(os.path.exists(os.path.join(self.out, f"sigint-vm-{k}")))
+            time.sleep(0.1)  # watching for an unwanted SIGINT over a span, not waiting for one
+        self.etcd.start()
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=40), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+
+
+class GangConfigTest(unittest.TestCase):
+    def test_the_etcd_password_is_never_shown(self):
+        from harness import SPOTVISOR
+        args = [SPOTVISOR, "config", "--json", "--config", "/nonexistent-default-ok"]
+        for kv in ("gang=g", "gang-size=x", "gang-etcd=http://127.0.0.1:1", "gang-etcd-user=u",
+                   "gang-etcd-password=hunter2-secret", "command=true"):
+            args += ["--set", kv]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 78, out.stderr)  # gang-size=x
+        self.assertNotIn("hunter2-secret", out.stdout + out.stderr)
+        keys = json.loads(out.stdout)["keys"]
+        self.assertEqual(keys["gang-etcd-password"]["value"], "(set, hidden)")
+        self.assertTrue(any("gang-size" in e for e in json.loads(out.stdout)["errors"]))
+
+    def test_features_not_built_yet_are_refused_saying_so(self):
+        from harness import SPOTVISOR
+        for kv in ("gang-launch=leader", "gang-on-loss=wait", "gang-checkpoint=all"):
+            args = [SPOTVISOR, "config", "--config", "/nonexistent-default-ok"]
+            for k in ("gang=g", "gang-size=2", "gang-etcd=http://127.0.0.1:1", "command=true", kv):
+                args += ["--set", k]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 78, kv)
+            self.assertIn("not implemented yet", out.stderr, kv)
+
+
+if __name__ == "__main__":
+    unittest.main()
