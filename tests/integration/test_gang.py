@@ -19,7 +19,7 @@ import tempfile
 import time
 import unittest
 
-from harness import Spotvisor, wait_until, pid_alive, WAIT
+from harness import ROOT, Spotvisor, wait_until, pid_alive, WAIT
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fakes"))
 from fake_metadata import FakeMetadataServer  # noqa: E402
@@ -140,7 +140,7 @@ class GangTestCase(unittest.TestCase):
             except (OSError, ValueError):
                 pass
 
-    def start_member(self, k, size=3, address=True, **sets):
+    def start_member(self, k, size=3, address=True, command=None, **sets):
         """Member vm-K at 127.0.0.(K+2): given as gang-address, or (address=False) by the metadata server."""
         name = f"vm-{k}"
         ip = f"127.0.0.{k + 2}"
@@ -161,7 +161,7 @@ class GangTestCase(unittest.TestCase):
         args = ["run"]
         for key, value in base.items():
             args += ["--set", f"{key}={value}"]
-        args += ["--", "/usr/bin/python3", self.trainer]
+        args += ["--"] + (command or ["/usr/bin/python3", self.trainer])
         proc = Spotvisor(args, {"GCE_METADATA_HOST": f"127.0.0.1:{metadata.port}"})
         self.members[name] = {"proc": proc, "metadata": metadata, "ip": ip}
         return proc
@@ -370,6 +370,54 @@ class GangTest(GangTestCase):
         for p in procs:
             self.assertEqual(p.wait_exit(timeout=40), 0)
             self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+
+
+def torch_available():
+    return subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"], capture_output=True).returncode == 0
+
+
+class GangDdpTest(GangTestCase):
+    """examples/ddp_train.py, a real PyTorch DDP trainer (gloo, CPU), as three members of a gang."""
+
+    def lines(self, p, needle):
+        return [e["message"] for e in p.events if e.get("event") == "trainer.output" and needle in e.get("message", "")]
+
+    def start_ddp(self, steps):
+        port = free_port()
+        cmd = ["/usr/bin/python3", os.path.join(ROOT, "examples", "ddp_train.py"), "--steps", str(steps),
+               "--step-time", "0.05", "--save-every", "0", "--timeout", "60"]
+        procs = [self.start_member(k, command=cmd, **{"gang-master-port": str(port), "stop-timeout": "30s"})
+                 for k in range(3)]
+        for p in procs:
+            p.wait_event("gang.formed", timeout=30)
+        return procs
+
+    @unittest.skipUnless(torch_available(), "python3-torch is not installed (scripts/install-deps.sh installs it)")
+    def test_ddp_preempted_member_stops_all_ranks_at_one_step_and_the_gang_resumes_there(self):
+        procs = self.start_ddp(steps=100000)
+        # Every rank is training (a step line each) before the preemption.
+        for p in procs:
+            wait_until(lambda p=p: self.lines(p, " step="), 60, "a DDP step on every rank")
+        self.members["vm-1"]["metadata"].set("instance/preempted", "TRUE")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=60), 130, "".join(p.raw[-10:]))
+        stopped = [self.lines(p, "stopped step=") for p in procs]
+        steps = {line.split("stopped step=")[1].split()[0] for ls in stopped for line in ls}
+        self.assertEqual(len(steps), 1, f"every rank stops after the same step: {stopped}")
+        step = int(steps.pop())
+        self.assertTrue(self.lines(procs[0], f"saved step={step}"), "rank 0 saved the step they stopped at")
+        self.assertTrue(procs[0].find("sync.complete"), "rank 0's final sync committed it")
+        # The gang boots again: every rank restores rank 0's checkpoint and resumes at that step.
+        for name in list(self.members):
+            self.members[name]["metadata"].stop()
+        self.members.clear()
+        procs = self.start_ddp(steps=step + 5)
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=90), 0, "".join(p.raw[-10:]))
+            start = self.lines(p, "start_step=")
+            self.assertTrue(start and f"start_step={step}" in start[0] and "resumed=1" in start[0], start)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
 
 
 class GangConfigTest(unittest.TestCase):
