@@ -6,14 +6,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+t_start=$SECONDS
+phase() { echo "test.sh: $1 in $((SECONDS - t_phase))s (total $((SECONDS - t_start))s)"; t_phase=$SECONDS; }
+t_phase=$SECONDS
+
+# The boot test's base image (tests/e2e/build-image.sh: cached, built once per machine) is
+# mostly debootstrap waiting on the archive: it is built in the background while the code
+# compiles. If it fails here, tests/e2e/run.sh builds it again later and says why.
+image_pid=
+if [ "${SPOTVISOR_TEST_IMAGE:-1}" = 1 ] && [ "$(id -u)" -eq 0 ] && command -v debootstrap >/dev/null; then
+  image_log=$(mktemp)
+  bash tests/e2e/build-image.sh >"$image_log" 2>&1 &
+  image_pid=$!
+fi
 
 build=${SPOTVISOR_TEST_BUILD_DIR:-build-asan}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPOTVISOR_SANITIZE=ON -DSPOTVISOR_WERROR=ON -DBUILD_TESTING=ON >/dev/null
+# -g1 (line tables): sanitizer reports keep function names and lines, and the
+# build is faster than with full debug info.
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DSPOTVISOR_SANITIZE=ON \
+  -DSPOTVISOR_WERROR=ON -DBUILD_TESTING=ON >/dev/null
 cmake --build "$build" --parallel "$(nproc)"
+phase "ASan build"
 # Sanitizer findings fail the test that hit them.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" "$@"
+phase "ctest"
 
 # The libFuzzer targets (fuzz/, docs/fuzzing.md): built with clang, then 5 s each from
 # their seed corpora (new inputs go to a scratch directory, not into the tree). Skipped,
@@ -23,18 +41,31 @@ if command -v clang++ >/dev/null && echo "$fuzz_probe" | clang++ -x c++ -fsaniti
   fuzz_build=${SPOTVISOR_FUZZ_BUILD_DIR:-build-fuzz}
   CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTVISOR_FUZZ=ON -DBUILD_TESTING=OFF >/dev/null
   cmake --build "$fuzz_build" --target fuzz_all --parallel "$(nproc)"
-  for corpus in fuzz/corpus/*/; do
-    t=$(basename "$corpus")
+  phase "fuzz build"
+  # One target per core at a time (each is single-threaded); results in a fixed order.
+  fuzz_one() {
+    local t=$1 scratch
     scratch=$(mktemp -d)
-    if ! "$fuzz_build/fuzz/fuzz_$t" -max_total_time=5 -max_len=4096 -artifact_prefix="$fuzz_build/fuzz/$t-" \
-        "$scratch" "$corpus" >"$fuzz_build/fuzz/$t.log" 2>&1; then
+    "$fuzz_build/fuzz/fuzz_$t" -max_total_time=5 -max_len=4096 -artifact_prefix="$fuzz_build/fuzz/$t-" \
+      "$scratch" "fuzz/corpus/$t/" >"$fuzz_build/fuzz/$t.log" 2>&1
+    echo $? >"$fuzz_build/fuzz/$t.rc"
+    rm -rf "$scratch"
+  }
+  export -f fuzz_one
+  export fuzz_build
+  targets=()
+  for corpus in fuzz/corpus/*/; do targets+=("$(basename "$corpus")"); done
+  rm -f "$fuzz_build"/fuzz/*.rc
+  printf '%s\n' "${targets[@]}" | xargs -P "$(nproc)" -I{} bash -c 'fuzz_one "$1"' _ {}
+  for t in "${targets[@]}"; do
+    if [ "$(cat "$fuzz_build/fuzz/$t.rc" 2>/dev/null)" != 0 ]; then
       tail -n 60 "$fuzz_build/fuzz/$t.log"
       echo "test.sh: fuzz_$t found a crash; the input is in $fuzz_build/fuzz/ (docs/fuzzing.md)" >&2
       exit 1
     fi
-    rm -rf "$scratch"
     echo "fuzz_$t: $(grep -o 'Done [0-9]* runs' "$fuzz_build/fuzz/$t.log"), no finding"
   done
+  phase "fuzz runs"
 else
   echo "test.sh: SKIPPED the fuzz targets: clang++ with libFuzzer is missing (apt-get install clang libclang-rt-dev)" >&2
 fi
@@ -45,8 +76,15 @@ fi
 # under QEMU. SPOTVISOR_TEST_IMAGE=0 skips both (quick iterations on the code).
 if [ "${SPOTVISOR_TEST_IMAGE:-1}" = 1 ]; then
   deb=$(bash scripts/package.sh | tail -n 1)
+  phase "package build"
   # Ubuntu 22.04 is the oldest glibc the package supports, Debian 13 the newest
   # libraries; noble and bookworm too with SPOTVISOR_PACKAGE_DISTROS="trixie jammy noble bookworm".
   SPOTVISOR_PACKAGE_DISTROS=${SPOTVISOR_PACKAGE_DISTROS:-trixie jammy} bash tests/package/run.sh "$deb"
+  phase "package tests"
+  if [ -n "$image_pid" ] && ! wait "$image_pid"; then
+    echo "test.sh: building the boot test's image in the background failed; tests/e2e/run.sh tries again. Its log:" >&2
+    tail -n 20 "$image_log" >&2
+  fi
   bash tests/e2e/run.sh --deb "$deb"
+  phase "boot tests"
 fi
