@@ -159,6 +159,36 @@ int PrintStatus(const std::string& state_dir, bool json) {
                              : "",
                 t->value("as_of", "").c_str());
   }
+  if (auto g = j.find("gang"); g != j.end() && g->is_object()) {
+    // Names and addresses came from etcd, written by other machines: shown
+    // only as printable text.
+    auto text = [](const nlohmann::json& o, const char* k) {
+      auto it = o.find(k);
+      std::string v = it != o.end() && it->is_string() ? it->get<std::string>() : "";
+      for (auto& ch : v) {
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+      }
+      return v.size() > 128 ? v.substr(0, 128) + "..." : v;
+    };
+    auto num = [](const nlohmann::json& o, const char* k) -> std::optional<long long> {
+      auto it = o.find(k);
+      return it != o.end() && it->is_number_integer() ? std::optional<long long>(it->get<long long>()) : std::nullopt;
+    };
+    auto size = num(*g, "size"), rank = num(*g, "rank"), generation = num(*g, "generation");
+    if (rank && generation) {
+      std::printf("gang:        %s, rank %lld of %lld, generation %lld\n", text(*g, "name").c_str(), *rank, size.value_or(0),
+                  *generation);
+    } else {
+      std::printf("gang:        %s (%lld members), not formed\n", text(*g, "name").c_str(), size.value_or(0));
+    }
+    if (auto m = g->find("members"); m != g->end() && m->is_array()) {
+      for (auto const& member : *m) {
+        if (!member.is_object()) continue;
+        std::printf("             rank %lld: %s (%s)\n", num(member, "rank").value_or(-1), text(member, "instance").c_str(),
+                    text(member, "ip").c_str());
+      }
+    }
+  }
   if (j.contains("last_event")) {
     auto const& e = j["last_event"];
     std::printf("last event:  %s  %s  (%s)\n", e.value("event", "").c_str(), e.value("message", "").c_str(),

@@ -216,6 +216,12 @@ class GangTest(GangTestCase):
             st = json.load(f)
         self.assertEqual(st["gang"]["rank"], 1)
         self.assertEqual([m["instance"] for m in st["gang"]["members"]], ["vm-0", "vm-1", "vm-2"])
+        from harness import SPOTVISOR
+        shown = subprocess.run([SPOTVISOR, "status", "--state-dir", os.path.join(self.tmp, "state-1")],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        self.assertIn(f"gang:        {self.NAME}, rank 1 of 3, generation {formed[0]['generation']}", shown.stdout)
+        self.assertIn("rank 2: vm-2 (127.0.0.4)", shown.stdout)
         # rank 1 finishes first: it waits for the others, and nobody is stopped.
         with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
             f.write("0")
