@@ -347,6 +347,7 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
   // What this disk last committed or restored: a restart keeps newer local files.
   so.state_file = c.state_dir + "/checkpoint-state.json";
   so.committed_file = CommittedFilePath(c.state_dir);
+  so.bucket_wins = !c.gang.empty();  // gang-checkpoint = leader: every rank starts from rank 0's commit
   if (auto u = LookupUser(c.user); u.ok() && geteuid() == 0 && u->uid != 0) {
     so.owner_uid = u->uid;
     so.owner_gid = u->gid;

@@ -510,11 +510,9 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     if (launch == "leader") {
       res.Error("gang-launch", "leader (only rank 0 runs the command, MPI style) is not implemented yet; use each");
     }
-    std::string on_loss;
-    res.OneOf<std::string>("gang-on-loss", {{"stop", "stop"}, {"wait", "wait"}}, on_loss);
-    if (on_loss == "wait") {
-      res.Error("gang-on-loss", "wait (re-forming when a lost member comes back) is not implemented yet; use stop");
-    }
+    res.OneOf<bool>("gang-on-loss", {{"stop", false}, {"wait", true}}, c.gang_wait_on_loss);
+    c.gang_reform_timeout = res.Duration("gang-reform-timeout", c.gang_reform_timeout);
+    if (c.gang_reform_timeout < std::chrono::seconds(1)) res.Error("gang-reform-timeout", "must be at least 1s");
     std::string ckpt;
     res.OneOf<std::string>("gang-checkpoint", {{"leader", "leader"}, {"all", "all"}}, ckpt);
     if (ckpt == "all") {

@@ -128,7 +128,10 @@ const std::vector<KeySpec>& AllKeys() {
        "How long to wait for all gang-size members before giving up: then on-exit, so the others do not wait forever"},
       {"gang-on-loss", "stop",
        "stop: when a member is lost (preempted, failed, gone) every member stops its trainer, syncs and runs on-exit; "
-       "wait: wait for it to come back (not implemented yet)"},
+       "wait: the others stop, sync, and wait up to gang-reform-timeout for the gang to form again, then resume"},
+      {"gang-reform-timeout", "30m",
+       "With gang-on-loss = wait: how long the members that are left wait for the gang to form again (a lost VM "
+       "restarted or recreated) before they give up and run on-exit"},
       {"gang-checkpoint", "leader",
        "leader: rank 0's checkpoint-dir is synced and every member restores it; all: every rank syncs its own (not "
        "implemented yet)"},

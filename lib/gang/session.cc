@@ -39,7 +39,21 @@ CallContext GangSession::Ctx(const std::shared_ptr<CancelSource>& cancel) const 
 }
 
 void GangSession::Start(Callbacks cb) {
+  bool again = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    again = joined_;
+    generation_.reset();
+    rank_ = -1;
+  }
+  // Forming again: the last generation's watch has returned (it reported the end).
+  if (forming_.joinable()) forming_.join();
   cb_ = std::move(cb);
+  if (again) {
+    forming_ = StartSignalFreeThread([this] { RunForming(); });
+    return;
+  }
   logger_.Info("gang.joining",
                fmt::format("joining gang {} ({} members) through etcd at {} as {} ({})", options_.gang.name,
                            options_.gang.size, Endpoints(options_.etcd), options_.self.instance, options_.self.ip),
@@ -70,6 +84,7 @@ void GangSession::NoteEtcd(const Status& s, const char* doing) {
 bool GangSession::JoinWithRetry() {
   auto ctx = Ctx(stop_);
   ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(5), 2.0);
+  std::optional<SteadyTime> name_taken_since;
   for (;;) {
     auto s = coordinator_->Join(ctx);
     if (s.ok()) {
@@ -84,6 +99,23 @@ bool GangSession::JoinWithRetry() {
       return true;
     }
     if (ctx.cancelled()) return false;
+    if (s.code() == StatusCode::kFailedPrecondition) {
+      // The name is held by another boot: a VM recreated (or rebooted) before
+      // its old lease expired looks just like this. Wait for two TTLs; a
+      // holder still there then is a second machine with the same name.
+      auto now = clock_.Now();
+      if (!name_taken_since) {
+        name_taken_since = now;
+        logger_.Warn("gang.name_taken",
+                     fmt::format("{}; waiting up to {}s for that lease to expire", s.message(),
+                                 2 * options_.gang.member_ttl.count()),
+                     {{"error", s.message()}});
+      }
+      if (now - *name_taken_since < 2 * options_.gang.member_ttl) {
+        if (!ctx.SleepFor(std::chrono::milliseconds(500))) return false;
+        continue;
+      }
+    }
     if (!Transient(s) && s.code() != StatusCode::kNotFound) {
       logger_.Error("gang.form_failed", s.message(), {{"error", s.message()}});
       if (cb_.failed) cb_.failed(s);
@@ -95,8 +127,15 @@ bool GangSession::JoinWithRetry() {
 }
 
 void GangSession::RunForming() {
-  if (!JoinWithRetry()) return;
-  keepalive_ = StartSignalFreeThread([this] { RunKeepAlive(); });
+  bool joined = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    joined = joined_;
+  }
+  // Registered before (forming again): the lease is still ours, or
+  // AwaitGeneration says it is not (kNotFound) and we join again below.
+  if (!joined && !JoinWithRetry()) return;
+  if (!keepalive_.joinable()) keepalive_ = StartSignalFreeThread([this] { RunKeepAlive(); });
   auto ctx = Ctx(stop_);
   Generation g;
   ExponentialBackoffPolicy backoff(std::chrono::milliseconds(250), std::chrono::seconds(5), 2.0);

@@ -347,8 +347,11 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        "`gang.form_timeout`: stop waiting; the run ends `gang-form-failed` (exit 75) and on-exit runs, so no VM waits "
        "forever",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
-         std::string error = fmt::format("the gang did not form within {} (gang-form-timeout)",
-                                         FormatDuration(m.options_.gang_form_timeout));
+         std::string error =
+             m.reforming_ ? fmt::format("the gang did not form again within {} (gang-reform-timeout)",
+                                        FormatDuration(m.options_.gang_reform_timeout))
+                          : fmt::format("the gang did not form within {} (gang-form-timeout)",
+                                        FormatDuration(m.options_.gang_form_timeout));
          m.Log(Severity::kError, "gang.form_timeout", error + "; not starting the trainer", {{"error", error}});
          m.reason_ = EndReason::kGangFormFailed;
          m.exit_code_ = kExitPreemptedBeforeStart;
@@ -664,7 +667,7 @@ std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) con
     case State::kMountsCancelled:
     case State::kRestoreCancelled: return now + kCancelGrace;
     case State::kRestoring: return now + options_.restore_timeout;
-    case State::kForming:
+    case State::kForming: return now + (reforming_ ? options_.gang_reform_timeout : options_.gang_form_timeout);
     case State::kGangWaiting: return now + options_.gang_form_timeout;
     case State::kRunning: return earliest(max_runtime_at_, scheduled_stop_at_);
     case State::kStoppingInt: return now + options_.stop_timeout;
@@ -699,7 +702,7 @@ static const char* DeadlineDoc(State s) {
     case State::kMountsCancelled: return "10 s";
     case State::kRestoring: return "30 min";
     case State::kRestoreCancelled: return "10 s";
-    case State::kForming: return "`gang-form-timeout`";
+    case State::kForming: return "`gang-form-timeout`; forming again after a loss: `gang-reform-timeout`";
     case State::kRunning: return "`max-runtime` (from spotvisor's start), or the stop time of a notice with a lead; else none";
     case State::kStoppingInt: return "`stop-timeout`";
     case State::kStoppingTerm: return "`kill-timeout`";
@@ -1172,6 +1175,10 @@ void StateMachine::BeginFinalSync(bool write_done, SteadyTime now, const std::st
 }
 
 void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
+  if (ReformAfterLoss()) {
+    Reform(now, out);
+    return;
+  }
   // The power button's SIGTERM and preempted=TRUE arrive in either order
   // (or preempted=TRUE first with preemption-stop-lead): it is a preemption.
   if (preempted_ && reason_ == EndReason::kStopped) reason_ = EndReason::kPreempted;
@@ -1204,6 +1211,33 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
 }
 
 void StateMachine::RunOnExitNow(SteadyTime now, std::vector<Action>& out) { Teardown(now, out, true); }
+
+bool StateMachine::ReformAfterLoss() const {
+  return options_.gang && options_.gang_wait && reason_ == EndReason::kGangEnded && !preempted_ && !signalled_;
+}
+
+// gang-on-loss = wait: the trainer is stopped and (rank 0) synced; restore the
+// gang's newest checkpoint and form again with whoever comes back.
+void StateMachine::Reform(SteadyTime now, std::vector<Action>& out) {
+  Log(Severity::kWarning, "gang.reforming",
+      fmt::format("gang-on-loss = wait: the trainer is stopped{}; waiting up to {} for the gang to form again",
+                  Syncs() ? " and its checkpoint synced" : "", FormatDuration(options_.gang_reform_timeout)),
+      {{"reform_timeout_s", std::chrono::duration<double>(options_.gang_reform_timeout).count()}});
+  reason_.reset();
+  exit_code_ = 0;
+  stop_signal_ = 0;
+  gang_formed_ = gang_ended_ = gang_completed_ = false;
+  sync_writes_ = true;
+  reforming_ = true;
+  scheduled_stop_at_.reset();
+  if (options_.sync) {
+    out.push_back(StartRestore{});
+    Transition(State::kRestoring, now, "restoring the gang's newest checkpoint before it forms again");
+    return;
+  }
+  out.push_back(StartForming{});
+  Transition(State::kForming, now, "waiting for the gang to form again");
+}
 
 void StateMachine::Teardown(SteadyTime now, std::vector<Action>& out, bool then_on_exit) {
   on_exit_after_teardown_ = then_on_exit;

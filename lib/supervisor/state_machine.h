@@ -228,6 +228,11 @@ struct StateMachineOptions {
   // How long forming may take; also how long a member whose trainer
   // finished waits for the others' to finish.
   std::chrono::milliseconds gang_form_timeout{10 * 60'000};
+  // gang-on-loss = wait: a member that was stopped because another was
+  // lost restores and forms again (within gang_reform_timeout) instead of
+  // ending its run.
+  bool gang_wait = false;
+  std::chrono::milliseconds gang_reform_timeout{30 * 60'000};
 };
 
 class StateMachine {
@@ -321,6 +326,9 @@ class StateMachine {
   // trainer finished waits for the others'.
   bool AwaitGang(SteadyTime now, std::vector<Action>& out);
   void AfterGang(SteadyTime now, std::vector<Action>& out);
+  // gang-on-loss = wait: this member's run ended only because another was lost.
+  bool ReformAfterLoss() const;
+  void Reform(SteadyTime now, std::vector<Action>& out);
 
   StateMachineOptions options_;
   Emit emit_;
@@ -359,6 +367,7 @@ class StateMachine {
   bool gang_completed_ = false;  // it ended because every trainer finished
   bool sync_writes_ = true;      // false: a gang member that only restores
   bool restore_resumed_ = false;
+  bool reforming_ = false;  // forming again after a loss: gang_reform_timeout
 };
 
 }  // namespace spotvisor

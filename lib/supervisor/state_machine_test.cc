@@ -1508,3 +1508,54 @@ TEST_CASE("gang: without a gang nothing gang-like happens") {
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("gang-on-loss = wait: stopped for another's loss, rank 0 syncs, restores and forms again within the reform timeout") {
+  auto o = GangOptions();
+  o.gang_wait = true;
+  o.gang_reform_timeout = 120s;
+  Harness h(o);
+  FormAndRun(h, 0, true);
+  h.On(GangEnded{7, "vm-2 (rank 2): preempted", false});
+  h.On(TrainerExited{100, 130, 0});
+  Only<StartFinalSync>(h.On(LeftoversGone{}));
+  auto a = h.On(SyncDone{true, true});
+  Only<StartRestore>(a);
+  CHECK(h.Logged("gang.reforming"));
+  CHECK_FALSE(h.Logged("run.end"));
+  CHECK(h.machine.end_reason() == std::nullopt);
+  Only<StartForming>(h.On(RestoreDone{true, false, true, ""}));
+  CHECK(h.machine.deadline() == h.now + 120s);
+  CHECK(Only<SpawnTrainer>(h.On(GangFormed{8, 0, true})).resumed);
+  h.On(TrainerSpawned{200});
+  CHECK(h.machine.phase() == Phase::kRunning);
+  // The new generation's end, with this member's own preemption: no re-forming.
+  h.On(PreemptionNotice{});
+  h.On(TrainerExited{200, 130, 0});
+  h.On(LeftoversGone{});
+  h.On(SyncDone{true, true});
+  CHECK(h.Last("run.end").fields["reason"] == "preempted");
+}
+
+TEST_CASE("gang-on-loss = wait: a follower re-forms without syncing; giving up after the reform timeout runs on-exit") {
+  auto o = GangOptions(/*sync=*/false);
+  o.gang_wait = true;
+  o.gang_reform_timeout = 30s;
+  Harness h(o);
+  Only<StartForming>(h.On(StartEvent{}));
+  h.On(GangFormed{7, 2, false});
+  h.On(TrainerSpawned{100});
+  h.On(GangEnded{7, "vm-0 (rank 0): preempted", false});
+  h.On(TrainerExited{100, 130, 0});
+  Only<StartForming>(h.On(LeftoversGone{}));
+  CHECK(h.machine.state() == State::kForming);
+  auto a = h.Advance(30s);
+  CHECK(Has<RunOnExit>(a));
+  CHECK(h.Last("gang.form_timeout").message.find("gang-reform-timeout") != std::string::npos);
+  CHECK(h.Last("run.end").fields["reason"] == "gang-form-failed");
+}
+
+}  // namespace
+}  // namespace spotvisor

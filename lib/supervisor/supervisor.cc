@@ -147,6 +147,8 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.unmount_timeout = kFuseExitWait + std::chrono::seconds(30);
   o.gang = !c.gang.empty();
   o.gang_form_timeout = c.gang_form_timeout;
+  o.gang_wait = c.gang_wait_on_loss;
+  o.gang_reform_timeout = c.gang_reform_timeout;
   return o;
 }
 
@@ -1154,6 +1156,10 @@ namespace spotvisor {
 void Supervisor::StartForming() {
   auto gang = options_.gang;
   if (!gang) return;
+  // Forming again (gang-on-loss = wait): nothing of the last generation holds.
+  gang_generation_.reset();
+  gang_rank_ = -1;
+  gang_follower_ = false;
   GangSession::Callbacks cb;
   cb.formed = [this](const Generation& g, int rank) { asio::post(io_, [this, g, rank] { OnGangFormed(g, rank); }); };
   cb.failed = [this](const Status& s) {

@@ -702,9 +702,10 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     // file), and keeping a torn file would roll the run back. The bucket's
     // commit is the newest state known to be whole.
     bool unverified = record->trainer_running && !ls->marker && ls->newer > 0;
+    bool gang = o_.bucket_wins && ls->newer > 0;
     // Files only missing, nothing new: not newer work but lost files (a
     // cleaned disk); the bucket puts them back. Otherwise local wins.
-    if (!ls->torn && !unverified && (ls->newer > 0 || ls->missing == 0)) {
+    if (!ls->torn && !unverified && !gang && (ls->newer > 0 || ls->missing == 0)) {
       FileMap files;
       for (auto const& e : known->files) files[e.path] = Uploaded{e.size, e.mtime_ns, e.crc, e.object, e.generation};
       adopt(std::move(files));
@@ -718,6 +719,10 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
       stats.bucket_won = fmt::format("the local checkpoint was cut off mid-save (files not older than {}): restoring "
                                      "commit #{} from the bucket",
                                      kCompleteMarker, m->sequence);
+    } else if (gang) {
+      stats.bucket_won = fmt::format("{} file(s) changed here since commit #{}, but every member of a gang starts from the "
+                                     "bucket's commit (rank 0's): restoring commit #{}",
+                                     ls->newer, m->sequence, m->sequence);
     } else if (unverified) {
       stats.bucket_won = fmt::format(
           "{} file(s) changed since commit #{} while the trainer was running when spotvisor stopped (killed, crashed or "
@@ -729,7 +734,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
                                      "the bucket",
                                      ls->missing, m->sequence);
     }
-    if (ls->torn || unverified) {
+    if (ls->torn || unverified || gang) {
       auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_);
       if (!moved.ok()) return moved.status();
       stats.set_aside = *moved;

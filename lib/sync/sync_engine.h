@@ -88,6 +88,11 @@ struct SyncOptions {
   int warn_after_deferrals = 3;
   // Tests only switch this off to prove the open-for-writing check matters.
   bool check_open_files = true;
+  // A gang (gang-checkpoint = leader): every member starts from the
+  // bucket's commit, whatever this disk holds that is newer. Ranks that
+  // resumed from different saves would disagree; changed local files are
+  // set aside (kSetAsideDir), not lost.
+  bool bucket_wins = false;
   // After DONE, when an upload of this process was abandoned (its answer
   // never came, so the store may apply it late): wait this long and collect
   // once more. Bounded by the context's deadline.

@@ -1350,3 +1350,37 @@ TEST_CASE("what the bucket shows: JSON for the manifest and DONE, the trainer's 
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("a gang member (bucket_wins) starts from the bucket's commit even when its own files are newer") {
+  Dirs d;
+  FakeClock clock;
+  auto state = d.root + "/state.json";
+  {
+    auto o = Options(d.ckpt, "vm-a");
+    o.state_file = state;
+    SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+    REQUIRE(e.Restore().ok());
+    Write(d.ckpt + "/latest.ckpt", "step 100 (rank 0)");
+    REQUIRE(e.Sync(SyncKind::kCompleted).ok());
+  }
+  // This member's own trainer wrote a newer file since (a rank > 0 saving
+  // its own copy): without the gang rule it would be kept.
+  Write(d.ckpt + "/latest.ckpt", "step 130 (rank 1's own)");
+  auto o = Options(d.ckpt, "vm-a");
+  o.state_file = state;
+  o.bucket_wins = true;
+  SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+  auto r = e.Restore();
+  REQUIRE(r.ok());
+  CHECK_FALSE(r->kept_local);
+  CHECK(r->resumed);
+  CHECK(r->bucket_won.find("every member of a gang") != std::string::npos);
+  CHECK(r->set_aside == 1);
+  CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100 (rank 0)");
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -30,13 +30,14 @@ out, member = os.environ["GANG_OUT"], os.environ["MEMBER"]
 keys = ("SPOTVISOR_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NNODES", "NODE_RANK")
 env = {k: v for k, v in os.environ.items() if k.startswith(keys)}
 ckpt = os.environ["SPOTVISOR_CHECKPOINT_DIR"]
-start = 0
+start, by = 0, ""
 try:
     with open(os.path.join(ckpt, "model")) as f:
-        start = int(f.read().split()[1])
+        words = f.read().split()
+        start, by = int(words[1]), words[3]
 except (FileNotFoundError, IndexError, ValueError):
     pass
-env["start_step"] = start
+env["start_step"], env["ckpt_by"] = start, by
 def save(step):
     tmp = os.path.join(ckpt, "model.tmp")
     with open(tmp, "w") as f:
@@ -289,6 +290,50 @@ class GangTest(GangTestCase):
         for p in procs:
             self.assertEqual(p.wait_exit(timeout=30), 0)
 
+    def test_gang_on_loss_wait_the_others_reform_with_the_member_that_comes_back(self):
+        wait = {"gang-on-loss": "wait", "gang-reform-timeout": "60s"}
+        procs = self.form(**wait)
+        for k in range(3):
+            self.env_of(f"vm-{k}")
+        self.members["vm-2"]["metadata"].set("instance/preempted", "TRUE")
+        self.assertEqual(procs[2].wait_exit(timeout=30), 130)
+        for p in procs[:2]:
+            p.wait_event("gang.reforming", timeout=30)
+            self.assertFalse(p.find("run.end"), "a member left waiting has not ended its run")
+        for k in range(3):
+            os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
+        # The preempted VM comes back (a new spotvisor, the same name and address).
+        self.members["vm-2"]["metadata"].stop()
+        procs[2] = self.start_member(2, **wait)
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(3)]
+        generations = {e["SPOTVISOR_GANG_GENERATION"] for e in envs}
+        self.assertEqual(len(generations), 1, envs)
+        self.assertNotEqual(generations.pop(), "1", "a new generation")
+        for k, e in enumerate(envs):
+            self.assertEqual(e["SPOTVISOR_GANG_RANK"], str(k), "the same ranks")
+            self.assertEqual(e["SPOTVISOR_RESUMED"], "1")
+            self.assertEqual(e["start_step"], 1)
+            # Every member resumed from rank 0's checkpoint, not its own save.
+            self.assertEqual(e["ckpt_by"], "vm-0", e)
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+
+    def test_gang_on_loss_wait_gives_up_after_the_reform_timeout(self):
+        wait = {"gang-on-loss": "wait", "gang-reform-timeout": "3s"}
+        procs = self.form(n=2, **wait)
+        for k in range(2):
+            self.env_of(f"vm-{k}")
+        self.members["vm-1"]["metadata"].set("instance/preempted", "TRUE")
+        self.assertEqual(procs[1].wait_exit(timeout=30), 130)
+        self.assertEqual(procs[0].wait_exit(timeout=30), 75)
+        self.assertIn("gang-reform-timeout", procs[0].wait_event("gang.form_timeout")["message"])
+        self.assertEqual(procs[0].wait_event("run.end")["reason"], "gang-form-failed")
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "poweroff-vm-0")), "on-exit after giving up")
+
     def test_a_trainer_failure_ends_the_generation_for_all(self):
         procs = self.form()
         for k in range(3):
@@ -442,7 +487,7 @@ class GangConfigTest(unittest.TestCase):
 
     def test_features_not_built_yet_are_refused_saying_so(self):
         from harness import SPOTVISOR
-        for kv in ("gang-launch=leader", "gang-on-loss=wait", "gang-checkpoint=all"):
+        for kv in ("gang-launch=leader", "gang-checkpoint=all"):
             args = [SPOTVISOR, "config", "--config", "/nonexistent-default-ok"]
             for k in ("gang=g", "gang-size=2", "gang-etcd=http://127.0.0.1:1", "command=true", kv):
                 args += ["--set", k]
