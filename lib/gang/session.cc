@@ -39,21 +39,16 @@ CallContext GangSession::Ctx(const std::shared_ptr<CancelSource>& cancel) const 
 }
 
 void GangSession::Start(Callbacks cb) {
-  bool again = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
-    again = joined_;
     generation_.reset();
     rank_ = -1;
   }
-  // Forming again: the last generation's watch has returned (it reported the end).
+  // Forming again (gang-on-loss = wait): the last generation's watch has
+  // returned (it reported the end) and this member has left.
   if (forming_.joinable()) forming_.join();
   cb_ = std::move(cb);
-  if (again) {
-    forming_ = StartSignalFreeThread([this] { RunForming(); });
-    return;
-  }
   logger_.Info("gang.joining",
                fmt::format("joining gang {} ({} members) through etcd at {} as {} ({})", options_.gang.name,
                            options_.gang.size, Endpoints(options_.etcd), options_.self.instance, options_.self.ip),
@@ -127,14 +122,7 @@ bool GangSession::JoinWithRetry() {
 }
 
 void GangSession::RunForming() {
-  bool joined = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    joined = joined_;
-  }
-  // Registered before (forming again): the lease is still ours, or
-  // AwaitGeneration says it is not (kNotFound) and we join again below.
-  if (!joined && !JoinWithRetry()) return;
+  if (!JoinWithRetry()) return;
   if (!keepalive_.joinable()) keepalive_ = StartSignalFreeThread([this] { RunKeepAlive(); });
   auto ctx = Ctx(stop_);
   Generation g;
@@ -182,6 +170,10 @@ void GangSession::RunForming() {
     if (end.ok()) {
       logger_.Warn("gang.ended", fmt::format("gang {} generation {} ended: {}", options_.gang.name, g.number, *end),
                    {{"gang", options_.gang.name}, {"generation", g.number}, {"reason", *end}});
+      // Out of the gang until this member is ready again: a new generation
+      // (gang-on-loss = wait) forms only once every member has joined again,
+      // so rank 0's final sync is over by then.
+      LeaveNow(std::chrono::seconds(2));
       if (cb_.ended) cb_.ended(g.number, *end);
       return;
     }
@@ -197,6 +189,10 @@ void GangSession::RunKeepAlive() {
   bool lost_logged = false;
   auto ctx = Ctx(stop_);
   while (ctx.SleepFor(every)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!joined_) continue;  // left on purpose (the generation ended); renewed again once joined
+    }
     auto call = ctx.WithDeadline(clock_.Now() + every);
     auto r = coordinator_->KeepAlive(call);
     if (ctx.cancelled()) return;
@@ -262,13 +258,11 @@ void GangSession::Done(std::int64_t generation) {
 
 void GangSession::Stop(std::chrono::milliseconds bound) {
   std::vector<std::thread> tasks;
-  bool joined = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
     stopped_ = true;
     tasks.swap(tasks_);
-    joined = joined_;
   }
   auto start = clock_.Now();
   stop_->Cancel();
@@ -283,10 +277,19 @@ void GangSession::Stop(std::chrono::milliseconds bound) {
   for (auto& t : tasks) t.join();
   tasks_cancel_->Cancel();
   cutter.join();
-  if (!joined) return;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(start + bound - clock_.Now());
+  LeaveNow(std::max(left, std::chrono::milliseconds(200)));
+}
+
+void GangSession::LeaveNow(std::chrono::milliseconds bound) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!joined_) return;
+    joined_ = false;
+  }
   CallContext c;
   c.clock = &clock_;
-  c.deadline = std::max(start + bound, clock_.Now() + std::chrono::milliseconds(200));
+  c.deadline = clock_.Now() + bound;
   auto s = coordinator_->Leave(c);
   if (s.ok()) {
     logger_.Info("gang.left", fmt::format("left gang {} (lease revoked)", options_.gang.name));

@@ -82,6 +82,8 @@ class GangSession {
   bool JoinWithRetry();
   void NoteEtcd(const Status& s, const char* doing);
   void RunTask(std::function<void(const CallContext&)> fn);
+  // Revokes the lease (the member key goes) within `bound`, once per Join.
+  void LeaveNow(std::chrono::milliseconds bound);
   CallContext Ctx(const std::shared_ptr<CancelSource>& cancel) const;
 
   GangSessionOptions options_;

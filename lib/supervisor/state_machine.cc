@@ -307,6 +307,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
          if (m.reason_) return;
          m.reason_ = EndReason::kPreempted;
          m.exit_code_ = kExitPreemptedBeforeStart;  // also if the cancelled step never returns
+         m.EndGangFor(EndReason::kPreempted, out);  // restoring after forming again
          m.CutShortBeforeTrainer(now, out);
        });
     on(In(S::kMounting, S::kRestoring), maintenance,
@@ -319,6 +320,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
          m.reason_ = EndReason::kStopped;
          m.exit_code_ = 128 + e.signo;
+         m.EndGangFor(EndReason::kStopped, out);
          m.CutShortBeforeTrainer(now, out);
        });
 
@@ -332,10 +334,17 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     on(In(S::kForming), formed,
        "spawn the trainer (`gang.formed` logged); a member that does not write checkpoints (gang-checkpoint = leader, "
        "rank > 0) will not sync",
-       [](M& m, const GangFormed& e, SteadyTime, Out& out) {
+       [](M& m, const GangFormed& e, SteadyTime now, Out& out) {
          m.gang_formed_ = true;
          m.sync_writes_ = e.writes_checkpoints;
-         out.push_back(SpawnTrainer{m.restore_resumed_});
+         if (m.reforming_ && m.options_.sync) {
+           // Formed again after a loss: rank 0 joined only once its final sync
+           // was over, so its newest commit is in the bucket now.
+           out.push_back(StartRestore{});
+           m.Transition(State::kRestoring, now, "formed again: restoring the gang's newest checkpoint (rank 0's)");
+           return;
+         }
+         out.push_back(SpawnTrainer{m.reforming_ || m.restore_resumed_});
        });
     on(In(S::kForming), form_failed, "the members disagree or the name is taken: the run ends `gang-form-failed` (exit 78)",
        [](M& m, const GangFormFailed&, SteadyTime now, Out& out) {
@@ -827,7 +836,7 @@ void StateMachine::OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vect
 }
 
 void StateMachine::FormOrSpawn(bool resumed, SteadyTime now, std::vector<Action>& out) {
-  if (!options_.gang) {
+  if (!options_.gang || gang_formed_) {  // no gang, or restored after forming again
     out.push_back(SpawnTrainer{resumed});
     return;
   }
@@ -1179,6 +1188,9 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
     Reform(now, out);
     return;
   }
+  // A generation still in force ends with this member's run (a restore
+  // after forming again that failed, say).
+  if (reason_) EndGangFor(*reason_, out);
   // The power button's SIGTERM and preempted=TRUE arrive in either order
   // (or preempted=TRUE first with preemption-stop-lead): it is a preemption.
   if (preempted_ && reason_ == EndReason::kStopped) reason_ = EndReason::kPreempted;
@@ -1216,8 +1228,8 @@ bool StateMachine::ReformAfterLoss() const {
   return options_.gang && options_.gang_wait && reason_ == EndReason::kGangEnded && !preempted_ && !signalled_;
 }
 
-// gang-on-loss = wait: the trainer is stopped and (rank 0) synced; restore the
-// gang's newest checkpoint and form again with whoever comes back.
+// gang-on-loss = wait: the trainer is stopped and (rank 0) synced; form again
+// with whoever comes back, then restore the gang's newest checkpoint.
 void StateMachine::Reform(SteadyTime now, std::vector<Action>& out) {
   Log(Severity::kWarning, "gang.reforming",
       fmt::format("gang-on-loss = wait: the trainer is stopped{}; waiting up to {} for the gang to form again",
@@ -1230,11 +1242,8 @@ void StateMachine::Reform(SteadyTime now, std::vector<Action>& out) {
   sync_writes_ = true;
   reforming_ = true;
   scheduled_stop_at_.reset();
-  if (options_.sync) {
-    out.push_back(StartRestore{});
-    Transition(State::kRestoring, now, "restoring the gang's newest checkpoint before it forms again");
-    return;
-  }
+  // Forming first: the generation needs every member back in `forming`, so
+  // rank 0's final sync is over when it forms; then the restore.
   out.push_back(StartForming{});
   Transition(State::kForming, now, "waiting for the gang to form again");
 }

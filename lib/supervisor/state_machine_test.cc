@@ -1522,13 +1522,15 @@ TEST_CASE("gang-on-loss = wait: stopped for another's loss, rank 0 syncs, restor
   h.On(TrainerExited{100, 130, 0});
   Only<StartFinalSync>(h.On(LeftoversGone{}));
   auto a = h.On(SyncDone{true, true});
-  Only<StartRestore>(a);
+  Only<StartForming>(a);
   CHECK(h.Logged("gang.reforming"));
   CHECK_FALSE(h.Logged("run.end"));
   CHECK(h.machine.end_reason() == std::nullopt);
-  Only<StartForming>(h.On(RestoreDone{true, false, true, ""}));
   CHECK(h.machine.deadline() == h.now + 120s);
-  CHECK(Only<SpawnTrainer>(h.On(GangFormed{8, 0, true})).resumed);
+  // Formed again: then the restore (rank 0's final sync is over by now), then the trainer.
+  Only<StartRestore>(h.On(GangFormed{8, 0, true}));
+  CHECK(h.machine.state() == State::kRestoring);
+  CHECK(Only<SpawnTrainer>(h.On(RestoreDone{true, false, true, ""})).resumed);
   h.On(TrainerSpawned{200});
   CHECK(h.machine.phase() == Phase::kRunning);
   // The new generation's end, with this member's own preemption: no re-forming.
