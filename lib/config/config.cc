@@ -530,9 +530,9 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
       res.Error("gang-address", fmt::format("\"{}\" is not an address", Shown(c.gang_address)));
     }
     res.Integer("gang-master-port", 1, 65535, c.gang_master_port);
-    if (c.restart_on_failure) {
-      res.Error("restart", "on-failure is not supported in a gang yet: a member's failed trainer ends the generation "
-                           "for every member (gang-on-loss = stop)");
+    if (c.restart_on_failure && !c.gang_wait_on_loss) {
+      res.Error("restart", "on-failure in a gang needs gang-on-loss = wait: a failed trainer ends the generation for "
+                           "every member, and the others must wait while this one restarts");
     }
   }
   // status.json is written from the start, before anything is mounted.

@@ -475,7 +475,8 @@ TEST_CASE("gang keys: bad values and what is not implemented yet are errors that
   CHECK(AnyErrorHas(WithGang({{"gang-etcd-cert", "/c.pem"}}), "go together"));
   CHECK(AnyErrorHas(WithGang({{"gang-etcd-user", "u"}}), "go together"));
   CHECK(AnyErrorHas(WithGang({{"gang-address", "10.0.0.1 10.0.0.2"}}), "not an address"));
-  CHECK(AnyErrorHas(WithGang({{"restart", "on-failure"}}), "not supported in a gang"));
+  CHECK(AnyErrorHas(WithGang({{"restart", "on-failure"}}), "needs gang-on-loss = wait"));
+  CHECK(WithGang({{"restart", "on-failure"}, {"gang-on-loss", "wait"}}).errors.empty());
   CHECK(AnyErrorHas(WithGang({{"gang-master-port", "70000"}}), "gang-master-port"));
 }
 

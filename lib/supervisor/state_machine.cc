@@ -344,7 +344,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
            m.Transition(State::kRestoring, now, "formed again: restoring the gang's newest checkpoint (rank 0's)");
            return;
          }
-         out.push_back(SpawnTrainer{m.reforming_ || m.restore_resumed_});
+         out.push_back(SpawnTrainer{m.reforming_ || m.restore_resumed_, m.restarts_});
        });
     on(In(S::kForming), form_failed, "the members disagree or the name is taken: the run ends `gang-form-failed` (exit 78)",
        [](M& m, const GangFormFailed&, SteadyTime now, Out& out) {
@@ -529,9 +529,9 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        [](M& m, const SyncDone& e, SteadyTime now, Out&) {
          if (!e.final) m.Transition(S::kRestartingDelay, now, "synced; waiting for restart-delay");
        });
-    on(In(S::kRestartingSync), synced, "the restart's sync is over: spawn the trainer again",
-       [](M& m, const SyncDone& e, SteadyTime, Out& out) {
-         if (!e.final) out.push_back(SpawnTrainer{/*resumed=*/true, m.restarts_});
+    on(In(S::kRestartingSync), synced, "the restart's sync is over: spawn the trainer again (in a gang: form again)",
+       [](M& m, const SyncDone& e, SteadyTime now, Out& out) {
+         if (!e.final) m.RestartNow(now, out);
        });
     on(kRestarting, deadline,
        "`max-runtime` reached: no restart, the final sync or the end; else restart-delay is over: spawn the trainer, "
@@ -837,7 +837,7 @@ void StateMachine::OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vect
 
 void StateMachine::FormOrSpawn(bool resumed, SteadyTime now, std::vector<Action>& out) {
   if (!options_.gang || gang_formed_) {  // no gang, or restored after forming again
-    out.push_back(SpawnTrainer{resumed});
+    out.push_back(SpawnTrainer{resumed, restarts_});
     return;
   }
   restore_resumed_ = resumed;
@@ -1026,6 +1026,16 @@ void StateMachine::OnRestartDeadline(SteadyTime now, std::vector<Action>& out) {
         fmt::format("the restart's sync did not finish within {}: restarting the trainer without it",
                     FormatDuration(options_.final_sync_timeout)));
   }
+  RestartNow(now, out);
+}
+
+// A gang restarts together: the failed trainer's generation has ended, so
+// this member forms again with the others (who wait: gang-on-loss = wait).
+void StateMachine::RestartNow(SteadyTime now, std::vector<Action>& out) {
+  if (options_.gang) {
+    Reform(now, out, fmt::format("restart {} of {}: forming the gang again", restarts_, options_.max_restarts));
+    return;
+  }
   out.push_back(SpawnTrainer{/*resumed=*/true, restarts_});
 }
 
@@ -1185,7 +1195,7 @@ void StateMachine::BeginFinalSync(bool write_done, SteadyTime now, const std::st
 
 void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
   if (ReformAfterLoss()) {
-    Reform(now, out);
+    Reform(now, out, fmt::format("gang-on-loss = wait: the trainer is stopped{}", Syncs() ? " and its checkpoint synced" : ""));
     return;
   }
   // A generation still in force ends with this member's run (a restore
@@ -1230,10 +1240,9 @@ bool StateMachine::ReformAfterLoss() const {
 
 // gang-on-loss = wait: the trainer is stopped and (rank 0) synced; form again
 // with whoever comes back, then restore the gang's newest checkpoint.
-void StateMachine::Reform(SteadyTime now, std::vector<Action>& out) {
+void StateMachine::Reform(SteadyTime now, std::vector<Action>& out, const std::string& why) {
   Log(Severity::kWarning, "gang.reforming",
-      fmt::format("gang-on-loss = wait: the trainer is stopped{}; waiting up to {} for the gang to form again",
-                  Syncs() ? " and its checkpoint synced" : "", FormatDuration(options_.gang_reform_timeout)),
+      fmt::format("{}; waiting up to {} for the gang to form again", why, FormatDuration(options_.gang_reform_timeout)),
       {{"reform_timeout_s", std::chrono::duration<double>(options_.gang_reform_timeout).count()}});
   reason_.reset();
   exit_code_ = 0;

@@ -328,7 +328,9 @@ class StateMachine {
   void AfterGang(SteadyTime now, std::vector<Action>& out);
   // gang-on-loss = wait: this member's run ended only because another was lost.
   bool ReformAfterLoss() const;
-  void Reform(SteadyTime now, std::vector<Action>& out);
+  void Reform(SteadyTime now, std::vector<Action>& out, const std::string& why);
+  // restart-delay is over (and the restart's sync): spawn, or in a gang form again.
+  void RestartNow(SteadyTime now, std::vector<Action>& out);
 
   StateMachineOptions options_;
   Emit emit_;

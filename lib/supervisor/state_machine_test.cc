@@ -1561,3 +1561,36 @@ TEST_CASE("gang-on-loss = wait: a follower re-forms without syncing; giving up a
 
 }  // namespace
 }  // namespace spotvisor
+
+namespace spotvisor {
+namespace {
+
+TEST_CASE("gang + restart = on-failure: the failed member ends the generation, waits restart-delay, then forms again") {
+  auto o = GangOptions();
+  o.gang_wait = true;
+  o.restart_on_failure = true;
+  o.restart_delay = 10s;
+  o.max_restarts = 1;
+  Harness h(o);
+  FormAndRun(h, 1, false);
+  auto a = h.On(TrainerExited{100, 3, 0});
+  CHECK(Find<EndGang>(a).why == "trainer failed (exit code 3)");
+  h.On(LeftoversGone{});
+  CHECK(h.machine.phase() == Phase::kRestarting);
+  CHECK(h.Logged("restart.scheduled"));
+  Only<StartForming>(h.Advance(10s));
+  CHECK(h.machine.state() == State::kForming);
+  Only<StartRestore>(h.On(GangFormed{8, 1, false}));
+  auto spawn = Only<SpawnTrainer>(h.On(RestoreDone{true, false, true, ""}));
+  CHECK(spawn.resumed);
+  CHECK(spawn.restart_count == 1);
+  h.On(TrainerSpawned{200});
+  // The second failure: max-restarts reached, the run ends as failed.
+  h.On(TrainerExited{200, 3, 0});
+  CHECK(Has<RunOnExit>(h.On(LeftoversGone{})));
+  CHECK(h.Logged("restart.exhausted"));
+  CHECK(h.Last("run.end").fields["reason"] == "failed");
+}
+
+}  // namespace
+}  // namespace spotvisor

@@ -334,6 +334,30 @@ class GangTest(GangTestCase):
         self.assertEqual(procs[0].wait_event("run.end")["reason"], "gang-form-failed")
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "poweroff-vm-0")), "on-exit after giving up")
 
+    def test_restart_on_failure_restarts_the_whole_gang(self):
+        sets = {"gang-on-loss": "wait", "gang-reform-timeout": "60s", "restart": "on-failure", "restart-delay": "1s"}
+        procs = self.form(**sets)
+        for k in range(3):
+            self.env_of(f"vm-{k}")
+        with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
+            f.write("3")
+        procs[1].wait_event("restart.scheduled", timeout=30)
+        os.remove(os.path.join(self.out, "exit-vm-1"))
+        for k in range(3):
+            os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
+        self.sigint_time("vm-0")
+        self.sigint_time("vm-2")
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(3)]
+        self.assertEqual(len({e["SPOTVISOR_GANG_GENERATION"] for e in envs}), 1, envs)
+        self.assertEqual([e["SPOTVISOR_GANG_RANK"] for e in envs], ["0", "1", "2"])
+        self.assertEqual(envs[1]["SPOTVISOR_RESTART_COUNT"], "1", "the failed member counts its restart")
+        self.assertEqual(envs[0]["SPOTVISOR_RESTART_COUNT"], "0")
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+
     def test_a_trainer_failure_ends_the_generation_for_all(self):
         procs = self.form()
         for k in range(3):
