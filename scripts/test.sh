@@ -30,33 +30,69 @@ phase "ASan build"
 # Sanitizer findings fail the test that hit them.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+# Beside ctest, at the lowest CPU priority: the libFuzzer targets (built with clang, then
+# 5 s each from their seed corpora; new inputs go to a scratch directory, not into the
+# tree) and the release build of the .deb. ctest leaves the machine about three-quarters
+# idle (its tests mostly wait on processes and sockets) and its processes always come
+# first. Findings are reported after ctest. The fuzz targets are skipped, saying so, where
+# clang++ cannot link a libFuzzer target (install-deps.sh installs it).
+fuzz_probe='extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }'
+fuzz=0
+if command -v clang++ >/dev/null && echo "$fuzz_probe" | clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null; then
+  fuzz=1
+fi
+fuzz_build=${SPOTVISOR_FUZZ_BUILD_DIR:-build-fuzz}
+fuzz_one() {
+  local t=$1 scratch
+  scratch=$(mktemp -d)
+  "$fuzz_build/fuzz/fuzz_$t" -max_total_time=5 -max_len=4096 -artifact_prefix="$fuzz_build/fuzz/$t-" \
+    "$scratch" "fuzz/corpus/$t/" >"$fuzz_build/fuzz/$t.log" 2>&1
+  echo $? >"$fuzz_build/fuzz/$t.rc"
+  rm -rf "$scratch"
+}
+export -f fuzz_one
+export fuzz_build
+targets=()
+for corpus in fuzz/corpus/*/; do targets+=("$(basename "$corpus")"); done
+side_log=$(mktemp)
+deb_file=$(mktemp)
+set -m  # the side work gets its own process group, so a failed ctest can stop all of it
+(
+  set -euo pipefail
+  renice -n 19 -p "$BASHPID" >/dev/null
+  t0=$SECONDS
+  if [ "$fuzz" = 1 ]; then
+    CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTVISOR_FUZZ=ON \
+      -DBUILD_TESTING=OFF >/dev/null
+    cmake --build "$fuzz_build" --target fuzz_all --parallel "$(nproc)"
+    echo "side: fuzz build done at $((SECONDS - t0))s"
+    rm -f "$fuzz_build"/fuzz/*.rc
+    # One target per core at a time (each is single-threaded).
+    printf '%s\n' "${targets[@]}" | xargs -P "$(nproc)" -I{} bash -c 'fuzz_one "$1"' _ {}
+    echo "side: fuzz runs done at $((SECONDS - t0))s"
+  fi
+  if [ "${SPOTVISOR_TEST_IMAGE:-1}" = 1 ]; then
+    bash scripts/package.sh | tail -n 1 >"$deb_file"
+    echo "side: package built at $((SECONDS - t0))s"
+  fi
+) >"$side_log" 2>&1 &
+side_pid=$!
+set +m
+# If ctest fails, the side work is not wanted any more.
+trap 'kill -- "-$side_pid" 2>/dev/null || true' EXIT
+
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" "$@"
 phase "ctest"
-
-# The libFuzzer targets (fuzz/, docs/fuzzing.md): built with clang, then 5 s each from
-# their seed corpora (new inputs go to a scratch directory, not into the tree). Skipped,
-# saying so, where clang++ cannot link a libFuzzer target (install-deps.sh installs it).
-fuzz_probe='extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }'
-if command -v clang++ >/dev/null && echo "$fuzz_probe" | clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null; then
-  fuzz_build=${SPOTVISOR_FUZZ_BUILD_DIR:-build-fuzz}
-  CXX=clang++ cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTVISOR_FUZZ=ON -DBUILD_TESTING=OFF >/dev/null
-  cmake --build "$fuzz_build" --target fuzz_all --parallel "$(nproc)"
-  phase "fuzz build"
-  # One target per core at a time (each is single-threaded); results in a fixed order.
-  fuzz_one() {
-    local t=$1 scratch
-    scratch=$(mktemp -d)
-    "$fuzz_build/fuzz/fuzz_$t" -max_total_time=5 -max_len=4096 -artifact_prefix="$fuzz_build/fuzz/$t-" \
-      "$scratch" "fuzz/corpus/$t/" >"$fuzz_build/fuzz/$t.log" 2>&1
-    echo $? >"$fuzz_build/fuzz/$t.rc"
-    rm -rf "$scratch"
-  }
-  export -f fuzz_one
-  export fuzz_build
-  targets=()
-  for corpus in fuzz/corpus/*/; do targets+=("$(basename "$corpus")"); done
-  rm -f "$fuzz_build"/fuzz/*.rc
-  printf '%s\n' "${targets[@]}" | xargs -P "$(nproc)" -I{} bash -c 'fuzz_one "$1"' _ {}
+if ! wait "$side_pid"; then
+  tail -n 80 "$side_log"
+  echo "test.sh: the fuzz build or the package build failed (above)" >&2
+  exit 1
+fi
+trap - EXIT
+grep '^side: ' "$side_log" || true
+phase "waiting for the fuzz targets and the package build beside ctest"
+if [ "$fuzz" = 1 ]; then
   for t in "${targets[@]}"; do
     if [ "$(cat "$fuzz_build/fuzz/$t.rc" 2>/dev/null)" != 0 ]; then
       tail -n 60 "$fuzz_build/fuzz/$t.log"
@@ -65,7 +101,6 @@ if command -v clang++ >/dev/null && echo "$fuzz_probe" | clang++ -x c++ -fsaniti
     fi
     echo "fuzz_$t: $(grep -o 'Done [0-9]* runs' "$fuzz_build/fuzz/$t.log"), no finding"
   done
-  phase "fuzz runs"
 else
   echo "test.sh: SKIPPED the fuzz targets: clang++ with libFuzzer is missing (apt-get install clang libclang-rt-dev)" >&2
 fi
@@ -75,8 +110,7 @@ fi
 # tests/package installs and runs the .deb on other distributions, tests/e2e boots it
 # under QEMU. SPOTVISOR_TEST_IMAGE=0 skips both (quick iterations on the code).
 if [ "${SPOTVISOR_TEST_IMAGE:-1}" = 1 ]; then
-  deb=$(bash scripts/package.sh | tail -n 1)
-  phase "package build"
+  deb=$(cat "$deb_file")
   # Ubuntu 22.04 is the oldest glibc the package supports, Debian 13 the newest
   # libraries; noble and bookworm too with SPOTVISOR_PACKAGE_DISTROS="trixie jammy noble bookworm".
   SPOTVISOR_PACKAGE_DISTROS=${SPOTVISOR_PACKAGE_DISTROS:-trixie jammy} bash tests/package/run.sh "$deb"
