@@ -141,10 +141,10 @@ class GangTestCase(unittest.TestCase):
             except (OSError, ValueError):
                 pass
 
-    def start_member(self, k, size=3, address=True, command=None, **sets):
-        """Member vm-K at 127.0.0.(K+2): given as gang-address, or (address=False) by the metadata server."""
+    def start_member(self, k, size=3, address=True, command=None, ip=None, **sets):
+        """Member vm-K at 127.0.0.(K+2) (or `ip`): given as gang-address, or (address=False) by the metadata server."""
         name = f"vm-{k}"
-        ip = f"127.0.0.{k + 2}"
+        ip = ip or f"127.0.0.{k + 2}"
         metadata = FakeMetadataServer(instance_name=name).start()
         metadata.set("instance/network-interfaces/0/ip", ip)
         base = {
@@ -302,15 +302,17 @@ class GangTest(GangTestCase):
             self.assertFalse(p.find("run.end"), "a member left waiting has not ended its run")
         for k in range(3):
             os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
-        # The preempted VM comes back (a new spotvisor, the same name and address).
+        # The preempted VM comes back (a new spotvisor, the same name) with a new address
+        # that sorts first: it keeps its rank all the same (ranks follow the name).
         self.members["vm-2"]["metadata"].stop()
-        procs[2] = self.start_member(2, **wait)
+        procs[2] = self.start_member(2, ip="127.0.0.1", **wait)
         envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(3)]
         generations = {e["SPOTVISOR_GANG_GENERATION"] for e in envs}
         self.assertEqual(len(generations), 1, envs)
         self.assertNotEqual(generations.pop(), "1", "a new generation")
         for k, e in enumerate(envs):
             self.assertEqual(e["SPOTVISOR_GANG_RANK"], str(k), "the same ranks")
+            self.assertEqual(e["SPOTVISOR_GANG_HOSTS"], "127.0.0.2,127.0.0.3,127.0.0.1", "the new address, at its rank")
             self.assertEqual(e["SPOTVISOR_RESUMED"], "1")
             self.assertEqual(e["start_step"], 1)
             # Every member resumed from rank 0's checkpoint, not its own save.
