@@ -45,6 +45,7 @@ import mmap
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -160,6 +161,7 @@ class Gangs(GangTestCase):
     def __init__(self, keep):
         super().__init__()  # methodName "runTest" may be missing: allowed
         self.keep = keep
+        self.tmp, self.members = None, {}  # until setUp
 
     def setUp(self):
         super().setUp()
@@ -349,12 +351,12 @@ def start_stages(rec, procs, started, t_launch):
 
 def run_stop(args, report):
     g = Gangs(args.keep)
-    g.setUp()
-    print(f"stop/start: {args.warmup} warm-up + {args.flips} measured gangs of {args.nodes}, "
-          f"gang-lease-ttl {args.lease_ttl}s, etcd {g.etcd.url}, work {g.tmp} ({B.fs_type(g.tmp)})", flush=True)
     recs, problems = [], []
     t = time.monotonic()
     try:
+        g.setUp()
+        print(f"stop/start: {args.warmup} warm-up + {args.flips} measured gangs of {args.nodes}, "
+              f"gang-lease-ttl {args.lease_ttl}s, etcd {g.etcd.url}, work {g.tmp} ({B.fs_type(g.tmp)})", flush=True)
         for i in range(args.warmup + args.flips):
             r = one_gang(g, i, args.nodes, args.lease_ttl)
             r["warmup"] = i < args.warmup
@@ -438,15 +440,13 @@ def parse_metrics(text):
 def run_idle(args, report):
     n, window = args.idle_nodes, args.idle_seconds
     g = Gangs(args.keep)
-    g.setUp()
-    problems = []
-    print(f"idle: a gang of {n}, gang-lease-ttl {args.lease_ttl}s, window {window:.0f}s, "
-          f"etcd {g.etcd.url}, work {g.tmp} ({B.fs_type(g.tmp)})", flush=True)
+    problems, procs, result, flipped = [], [], {}, False
     t_all = time.monotonic()
-    procs = g.start_gang("idle", n, args.lease_ttl)
-    result = {}
-    flipped = False
     try:
+        g.setUp()
+        print(f"idle: a gang of {n}, gang-lease-ttl {args.lease_ttl}s, window {window:.0f}s, "
+              f"etcd {g.etcd.url}, work {g.tmp} ({B.fs_type(g.tmp)})", flush=True)
+        procs = g.start_gang("idle", n, args.lease_ttl)
         if not g.trainers_started(procs, timeout=max(BOUND, 5.0 * n)):
             problems.append(not_started(g, procs))
             return problems
@@ -584,6 +584,9 @@ def main():
     if not (2 <= args.nodes <= 200 and 2 <= args.idle_nodes <= 200):
         sys.exit("gang_bench: 2 to 200 nodes (gang-size is at least 2; 127.0.0.2 upwards)")
     harness.SPOTVISOR = os.path.abspath(args.spotvisor)
+    # SIGTERM (a CI timeout) unwinds like Ctrl-C: the finally blocks stop
+    # every spotvisor, trainer and etcd this run started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     asan = is_asan(args.spotvisor)
     kind = (f"ASan+UBSan build (CMAKE_BUILD_TYPE={B.build_type(args.spotvisor)}): numbers are SLOWER "
             f"than a release build's" if asan else f"CMAKE_BUILD_TYPE={B.build_type(args.spotvisor)}, no ASan")
