@@ -202,6 +202,10 @@ void GangSession::RunKeepAlive() {
       continue;
     }
     if (r.code() == StatusCode::kNotFound) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!joined_) continue;  // revoked by LeaveNow meanwhile, on purpose
+      }
       if (!lost_logged) {
         logger_.Error("gang.lease_lost",
                       fmt::format("this VM's gang lease expired (not renewed for {}s): the others count it as gone",
