@@ -362,32 +362,20 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
                           : fmt::format("the gang did not form within {} (gang-form-timeout)",
                                         FormatDuration(m.options_.gang_form_timeout));
          m.Log(Severity::kError, "gang.form_timeout", error + "; not starting the trainer", {{"error", error}});
-         m.reason_ = EndReason::kGangFormFailed;
-         m.exit_code_ = kExitPreemptedBeforeStart;
-         out.push_back(CancelForming{});
-         m.Finish(now, out);
+         m.StopForming(EndReason::kGangFormFailed, kExitPreemptedBeforeStart, now, out);
        });
     on(In(S::kForming), preempted, "stop forming; the run ends without a trainer (exit 75)",
        [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) {
-         m.reason_ = EndReason::kPreempted;
-         m.exit_code_ = kExitPreemptedBeforeStart;
-         out.push_back(CancelForming{});
-         m.Finish(now, out);
+         m.StopForming(EndReason::kPreempted, kExitPreemptedBeforeStart, now, out);
        });
     on(In(S::kForming), maintenance, "TERMINATE: stop forming; the run ends without a trainer (exit 75)",
        [](M& m, const MaintenanceNotice& e, SteadyTime now, Out& out) {
          if (!Terminates(e)) return;
-         m.reason_ = EndReason::kMaintenance;
-         m.exit_code_ = kExitPreemptedBeforeStart;
-         out.push_back(CancelForming{});
-         m.Finish(now, out);
+         m.StopForming(EndReason::kMaintenance, kExitPreemptedBeforeStart, now, out);
        });
     on(In(S::kForming), signal, "stop forming; the run ends (`stopped`, exit 128+signal) without a trainer",
        [](M& m, const StopSignal& e, SteadyTime now, Out& out) {
-         m.reason_ = EndReason::kStopped;
-         m.exit_code_ = 128 + e.signo;
-         out.push_back(CancelForming{});
-         m.Finish(now, out);
+         m.StopForming(EndReason::kStopped, 128 + e.signo, now, out);
        });
 
     // The trainer starts.
@@ -843,6 +831,13 @@ void StateMachine::FormOrSpawn(bool resumed, SteadyTime now, std::vector<Action>
   restore_resumed_ = resumed;
   out.push_back(StartForming{});
   Transition(State::kForming, now, "waiting for every member of the gang");
+}
+
+void StateMachine::StopForming(EndReason reason, int exit_code, SteadyTime now, std::vector<Action>& out) {
+  reason_ = reason;
+  exit_code_ = exit_code;
+  out.push_back(CancelForming{});
+  Finish(now, out);
 }
 
 void StateMachine::EndGangFor(EndReason reason, std::vector<Action>& out) {

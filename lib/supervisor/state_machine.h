@@ -322,6 +322,8 @@ class StateMachine {
   void EndGangFor(EndReason reason, std::vector<Action>& out);
   void OnGangEnded(const GangEnded& e, SteadyTime now, std::vector<Action>& out);
   void FormOrSpawn(bool resumed, SteadyTime now, std::vector<Action>& out);
+  // The run ends while forming (a timeout, a notice, a signal): stop waiting, then Finish.
+  void StopForming(EndReason reason, int exit_code, SteadyTime now, std::vector<Action>& out);
   // After the trainer is gone and before the final sync: a gang member whose
   // trainer finished waits for the others'.
   bool AwaitGang(SteadyTime now, std::vector<Action>& out);
