@@ -332,8 +332,9 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
            m.gang_completed_ = m.gang_completed_ || e.completed;
          });
     on(In(S::kForming), formed,
-       "spawn the trainer (`gang.formed` logged); a member that does not write checkpoints (gang-checkpoint = leader, "
-       "rank > 0) will not sync",
+       "spawn the trainer (`gang.formed` logged); formed again after a loss (gang-on-loss = wait): → `restoring` "
+       "first (rank 0's newest commit); a member that does not write checkpoints (gang-checkpoint = leader, rank > 0) "
+       "will not sync",
        [](M& m, const GangFormed& e, SteadyTime now, Out& out) {
          m.gang_formed_ = true;
          m.sync_writes_ = e.writes_checkpoints;
@@ -432,7 +433,8 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) { m.OnRunningDeadline(now, out); });
     on(In(S::kRunning), gang_ended,
        "gang: another member ended the generation (`gang.ended`): SIGINT to the trainer's group → `stopping/SIGINT` "
-       "(`gang-ended`); on-exit runs after the final sync",
+       "(`gang-ended`); after the final sync, on-exit (gang-on-loss = stop) or `forming` again (`gang.reforming`, "
+       "gang-on-loss = wait)",
        [](M& m, const GangEnded& e, SteadyTime now, Out& out) { m.OnGangEnded(e, now, out); });
 
     // Stopping: the ladder for the trainer's whole process group.

@@ -1188,7 +1188,7 @@ void Supervisor::OnGangFormed(const Generation& g, int rank) {
   std::string hostfile;
   for (auto const& m : g.members) hostfile += m.ip + " slots=1\n";
   auto path = options_.config.state_dir + "/gang-hostfile";
-  if (auto s = WriteFileAtomically(path, hostfile); !s.ok()) {
+  if (auto s = WriteFileAtomically(path, hostfile, /*durable=*/false); !s.ok()) {  // rewritten every generation: no fsync on the loop
     logger_.Warn("gang.hostfile_failed", fmt::format("cannot write {}: {}", path, s.message()));
   }
   Dispatch(GangFormed{g.number, rank, !gang_follower_});
