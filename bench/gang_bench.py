@@ -511,9 +511,9 @@ def run_idle(args, report):
               f"watchers {gauges_before.get(GAUGES[1], float('nan')):.0f}/{gauges_after.get(GAUGES[1], float('nan')):.0f}")
         print(f"  reading: LeaseKeepAlive {ka:.2f}/min/node (one per gang-lease-ttl/3 = {args.lease_ttl / 3:.2f}s "
               f"would be {expect_ka:.1f}); Watch {wat:.2f}/min/node and Range {rng:.2f}/min/node "
-              f"(a member re-arms its watch with a fresh Range once per watch window, 60 s in gang.h: "
-              f"about 1 of each per minute per node, so {span / 60:.2f} per node in this window, "
-              f"is expected; more would be polling)")
+              f"(a member renews its watch once per watch window, 60 s in gang.h, from the revision it "
+              f"had, without reading again: about {span / 60:.2f} Watch and 0 Range per node in this "
+              f"window; Range calls would be polling)")
         cpu = [(a - b) for a, b in zip(cpu_after, cpu_before) if a is not None and b is not None]
         if cpu:
             print(f"  CPU while idle: spotvisor {1e3 * statistics.fmean(cpu) / span:.2f} ms/s per node "

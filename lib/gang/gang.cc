@@ -628,9 +628,14 @@ StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallC
       }
       return false;
     };
-    auto w = WatchOnce(s.revision, stop, ctx);
+    // A window that ends quietly is renewed from the same revision, without
+    // reading again: an idle gang costs etcd one watch and the keep-alives.
+    StatusOr<bool> w = false;
+    do {
+      w = WatchOnce(s.revision, stop, ctx);
+    } while (!reason && w.ok() && !*w && !ctx.cancelled() && !ctx.expired());
     if (reason) return *reason;
-    if (w.ok()) continue;  // stopped by an event, the window ended, or ctx ended: read again
+    if (w.ok()) continue;  // stopped by an event (or history compacted), or ctx ended: read again
     if (auto b = Backoff(w.status(), attempt++, ctx); !b.ok()) return b;
   }
 }
