@@ -456,7 +456,10 @@ class BucketMountTest(MountTestCase):
         p.wait_event("trainer.start")
         # The run's status.json goes up through the mount at the start: let it land first.
         wait_until(lambda: "exp/run1/status.json" in self.names("exp/"), what="status.json through the mount")
-        run("umount", mnt)  # someone takes the mount away; rclone exits
+        # Someone takes the mount away; rclone exits. umount may say "busy" while
+        # the write of status.json is still closing: try again, within the bound.
+        wait_until(lambda: subprocess.run(["umount", mnt], capture_output=True).returncode == 0,
+                   what="umount of the bucket mount")
         p.wait_event("mount.fuse_died")
         p.signal(signal.SIGUSR1)  # spotvisor sync
         failed = p.wait_event("sync.failed", kind="on-demand")
