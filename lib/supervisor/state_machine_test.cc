@@ -279,11 +279,6 @@ TEST_CASE("in normal running, members left when the leader exits are leftovers")
   CHECK(h.On(GroupEmpty{}).empty());
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 StateMachineOptions SyncOptions() {
   auto o = Harness::Options();
@@ -370,11 +365,6 @@ TEST_CASE("a trainer that succeeded but whose final sync failed does not exit 0"
   CHECK(h.machine.exit_code() == 73);
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 StateMachineOptions RestartOptions(bool sync = false) {
   auto o = Harness::Options();
@@ -526,11 +516,6 @@ TEST_CASE("a maintenance notice with a lead: sync now, stop the trainer at the l
   CHECK(h.Last("run.end").fields["reason"] == "maintenance");
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("on-failure-hold: a failed run holds before on-exit, release or the deadline ends it") {
   auto o = Harness::Options();
@@ -563,11 +548,6 @@ TEST_CASE("no hold after a success, and Release outside a hold does nothing") {
   Only<RunOnExit>(h.On(LeftoversGone{}));
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("preemption-stop-lead: with a notice duration, preemption syncs now and stops at the lead") {
   auto o = Harness::Options();
@@ -1132,11 +1112,6 @@ TEST_CASE("every state but starting and done has a row for its deadline, so no s
   }
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("sync-stall-action = stop: the trainer gets SIGINT, a final sync without DONE, exit 73, on-exit runs") {
   Harness h(SyncOptions());
@@ -1175,11 +1150,6 @@ TEST_CASE("a stall outside the running state changes nothing (the run is ending,
   CHECK(h.machine.end_reason() == EndReason::kPreempted);
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("upcoming-maintenance's window: sync now, stop at the window's stop time, cleared, the stop is cancelled") {
   Harness h(SyncOptions());
@@ -1241,11 +1211,6 @@ TEST_CASE("a window announced before the trainer starts is its stop time once it
   CHECK(Only<SignalTrainer>(h.Advance(30min)).signo == SIGINT);
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("with a preemption notice, SIGINT still goes out at once, and the final sync has the notice plus the window") {
   auto o = Harness::Options();
@@ -1284,11 +1249,6 @@ TEST_CASE("a stop lead within the notice: the trainer stops at the lead, the syn
   CHECK(Only<StartFinalSync>(a).deadline - h.now == 82s);  // 150 - 3 - 65
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("an EC2 interruption notice: SIGINT at once, the final sync must end before the notice's time") {
   auto o = Harness::Options();
@@ -1324,11 +1284,6 @@ TEST_CASE("an EC2 notice already past still gives no negative budget") {
   CHECK(Only<StartFinalSync>(a).deadline >= h.now);
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 template <typename T>
 const T& Find(const std::vector<Action>& a) {
@@ -1506,11 +1461,6 @@ TEST_CASE("gang: without a gang nothing gang-like happens") {
   CHECK(h.On(GangEnded{1, "x", false}).empty());
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("gang-on-loss = wait: stopped for another's loss, rank 0 syncs, restores and forms again within the reform timeout") {
   auto o = GangOptions();
@@ -1559,11 +1509,6 @@ TEST_CASE("gang-on-loss = wait: a follower re-forms without syncing; giving up a
   CHECK(h.Last("run.end").fields["reason"] == "gang-form-failed");
 }
 
-}  // namespace
-}  // namespace spotvisor
-
-namespace spotvisor {
-namespace {
 
 TEST_CASE("gang + restart = on-failure: the failed member ends the generation, waits restart-delay, then forms again") {
   auto o = GangOptions();
