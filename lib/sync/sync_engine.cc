@@ -102,9 +102,35 @@ struct Scan {
   std::int64_t newest_ns = 0;
 };
 
-// Walks the tree with lstat: symlinks are not followed, entries that vanish
-// while we look are simply not part of this snapshot.
-Status Walk(const std::string& root, const std::string& rel_dir, int depth, Scan& out) {
+// Walks the tree in two passes. The first reads every directory (entry
+// types come from readdir, so nothing is stat'ed yet) and lists the regular
+// files; the second lstat's them, on several threads when there are many:
+// a no-op sync of 10,000 files spent most of its time in the kernel's path
+// lookup for fstatat, one file after another (issue #15). Symlinks are not
+// followed; entries that vanish while we look are not part of this snapshot.
+struct Candidate {
+  std::size_t dir;  // index into ScanState::dir_fds
+  std::string name;
+  std::string rel;
+  bool marker = false;
+  std::optional<FileStat> st;  // filled by the second pass
+};
+
+struct ScanState {
+  std::vector<int> dir_fds;  // kept open for the second pass
+  std::vector<Candidate> candidates;
+  ~ScanState() {
+    for (int fd : dir_fds) close(fd);
+  }
+};
+
+// More open directories than this and the rest are stat'ed in the first pass.
+constexpr std::size_t kMaxKeptDirs = 256;
+// Below this many files one thread is faster than starting others.
+constexpr std::size_t kParallelStatMin = 2048;
+constexpr std::size_t kStatChunk = 512;
+
+Status Walk(const std::string& root, const std::string& rel_dir, int depth, ScanState& st, Scan& out) {
   std::string dir = rel_dir.empty() ? root : root + "/" + rel_dir;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) {
@@ -112,6 +138,13 @@ Status Walk(const std::string& root, const std::string& rel_dir, int depth, Scan
     return ErrnoToStatus(errno, "reading " + Escaped(dir));
   }
   std::unique_ptr<DIR, int (*)(DIR*)> guard(d, closedir);
+  // The directory's own fd, kept for the second pass (or -1: stat now).
+  int kept = -1;
+  if (st.dir_fds.size() < kMaxKeptDirs) {
+    kept = fcntl(dirfd(d), F_DUPFD_CLOEXEC, 0);
+    if (kept >= 0) st.dir_fds.push_back(kept);
+  }
+  std::vector<std::string> subdirs;
   for (;;) {
     errno = 0;
     dirent* e = readdir(d);
@@ -119,45 +152,94 @@ Status Walk(const std::string& root, const std::string& rel_dir, int depth, Scan
       if (errno != 0) return ErrnoToStatus(errno, "reading " + Escaped(dir));
       break;
     }
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    std::string rel = rel_dir.empty() ? name : rel_dir + "/" + name;
-    struct stat st {};
-    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno == ENOENT) continue;
-      return ErrnoToStatus(errno, "reading " + Escaped(dir + "/" + name));
+    const char* cname = e->d_name;
+    if (cname[0] == '.' && (cname[1] == 0 || (cname[1] == '.' && cname[2] == 0))) continue;
+    std::string name = cname;
+    unsigned char type = e->d_type;
+    struct stat sb {};
+    bool have_stat = false;
+    if (type == DT_UNKNOWN || (type == DT_REG && kept < 0)) {
+      // Some file systems do not say; and past kMaxKeptDirs there is no fd
+      // to come back with.
+      if (fstatat(dirfd(d), cname, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;
+        return ErrnoToStatus(errno, "reading " + Escaped(dir + "/" + name));
+      }
+      have_stat = true;
+      type = S_ISDIR(sb.st_mode) ? DT_DIR : S_ISREG(sb.st_mode) ? DT_REG : DT_LNK;
     }
-    if (S_ISDIR(st.st_mode)) {
+    if (type == DT_DIR) {
       if (depth == 0 && (name == kStagingDir || name == kSetAsideDir)) continue;
       if (IsInProgressDir(name) || depth + 1 >= kMaxDepth) continue;
-      if (auto s = Walk(root, rel, depth + 1, out); !s.ok()) return s;
+      subdirs.push_back(std::move(name));
       continue;
     }
-    if (!S_ISREG(st.st_mode)) continue;  // symlinks, sockets, fifos are not checkpoints
+    if (type != DT_REG) continue;  // symlinks, sockets, fifos are not checkpoints
+    std::string rel = rel_dir.empty() ? name : rel_dir + "/" + name;
+    Candidate c;
     if (depth == 0 && name == kCompleteMarker) {
-      out.marker = StatOf(st);
+      c.marker = true;
+    } else if (name.find(kRestoreTmp) != std::string::npos || IsInProgressFile(name)) {
+      continue;
+    } else if (!UnstorableReason(rel).empty()) {
+      out.unstorable.push_back(std::move(rel));
       continue;
     }
-    if (name.find(kRestoreTmp) != std::string::npos || IsInProgressFile(name)) continue;
-    if (!UnstorableReason(rel).empty()) {
-      out.unstorable.push_back(rel);
-      continue;
-    }
-    FileStat fst = StatOf(st);
-    out.newest_ns = std::max(out.newest_ns, fst.mtime_ns);
-    out.files.push_back(ScanEntry{rel, fst});
+    if (have_stat) c.st = StatOf(sb);
+    c.dir = kept >= 0 ? st.dir_fds.size() - 1 : 0;
+    if (kept >= 0 && !have_stat) c.name = std::move(name);
+    c.rel = std::move(rel);
+    st.candidates.push_back(std::move(c));
+  }
+  guard.reset();
+  for (auto& sub : subdirs) {
+    std::string rel = rel_dir.empty() ? sub : rel_dir + "/" + sub;
+    if (auto s = Walk(root, rel, depth + 1, st, out); !s.ok()) return s;
   }
   return OkStatus();
 }
 
 StatusOr<Scan> ScanTree(const std::string& root) {
   Scan scan;
-  struct stat st {};
-  if (stat(root.c_str(), &st) != 0) {
+  struct stat rst {};
+  if (stat(root.c_str(), &rst) != 0) {
     if (errno == ENOENT) return scan;  // nothing written yet
     return ErrnoToStatus(errno, "reading " + Escaped(root));
   }
-  if (auto s = Walk(root, "", 0, scan); !s.ok()) return s;
+  ScanState st;
+  if (auto s = Walk(root, "", 0, st, scan); !s.ok()) return s;
+  // The second pass: lstat what the first pass only named.
+  auto& cs = st.candidates;
+  auto stat_range = [&](std::size_t from, std::size_t to) -> Status {
+    for (std::size_t i = from; i < to; ++i) {
+      auto& c = cs[i];
+      if (c.st || c.name.empty()) continue;
+      struct stat sb {};
+      if (fstatat(st.dir_fds[c.dir], c.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;  // gone since the directory was read
+        return ErrnoToStatus(errno, "reading " + Escaped(root + "/" + c.rel));
+      }
+      if (S_ISREG(sb.st_mode)) c.st = StatOf(sb);  // else replaced by something that is not a file
+    }
+    return OkStatus();
+  };
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int threads = cs.size() < kParallelStatMin ? 1 : static_cast<int>(std::min(4u, cores));
+  std::size_t chunks = (cs.size() + kStatChunk - 1) / kStatChunk;
+  auto s = threads == 1 ? stat_range(0, cs.size()) : ParallelFor(chunks, threads, [&](std::size_t k) {
+    return stat_range(k * kStatChunk, std::min(cs.size(), (k + 1) * kStatChunk));
+  });
+  if (!s.ok()) return s;
+  scan.files.reserve(cs.size());
+  for (auto& c : cs) {
+    if (!c.st) continue;
+    if (c.marker) {
+      scan.marker = c.st;
+      continue;
+    }
+    scan.newest_ns = std::max(scan.newest_ns, c.st->mtime_ns);
+    scan.files.push_back(ScanEntry{std::move(c.rel), *c.st});
+  }
   std::sort(scan.files.begin(), scan.files.end(), [](auto const& a, auto const& b) { return a.rel < b.rel; });
   return scan;
 }
@@ -1131,7 +1213,28 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       if (warned_names_.insert(name).second) stats.skipped_names.push_back(Escaped(name));
     }
 
-    // 2. What changed since the last commit.
+    // 2. What changed since the last commit. Both sides are sorted by path,
+    // so "nothing" (the common answer) is one linear pass with no lookups
+    // and no copies.
+    auto same_as_committed = [&] {
+      if (scan.files.size() != state_.size()) return false;
+      auto it = state_.begin();
+      for (auto const& e : scan.files) {
+        if (it->first != e.rel || it->second.size != e.st.size || it->second.mtime_ns != e.st.mtime_ns) return false;
+        ++it;
+      }
+      return true;
+    };
+    if (j.complete && same_as_committed()) {
+      // The committed manifest already says all there is to say.
+      deferrals_ = 0;
+      stats.judged_by = j.by;
+      stats.uncommitted = UncommittedView{};  // nothing: the caller need not scan again
+      stats.files_total = static_cast<int>(state_.size());
+      stats.sequence = sequence_;
+      stats.seconds = Since(start, clock_);
+      return stats;
+    }
     FileMap next;
     std::vector<const ScanEntry*> changed;
     for (auto const& e : scan.files) {

@@ -1382,5 +1382,60 @@ TEST_CASE("a gang member (bucket_wins) starts from the bucket's commit even when
   CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100 (rank 0)");
 }
 
+TEST_CASE("a tree of thousands of files (scanned on several threads) is committed whole, and a no-op sync reports nothing at risk") {
+  Dirs d;
+  FakeClock clock;
+  // More files than the scan's threshold for parallel stat, in several
+  // directories, with what must be left out mixed in.
+  std::vector<std::string> want;
+  for (int i = 0; i < 2600; ++i) {
+    auto rel = fmt::format("shard-{}/part-{:05d}", i % 7, i);
+    Write(d.ckpt + "/" + rel, fmt::format("{}", i));
+    want.push_back(rel);
+  }
+  Write(d.ckpt + "/top.bin", "top");
+  want.push_back("top.bin");
+  Write(d.ckpt + "/half-written.tmp", "x");                 // write-then-rename in progress
+  Write(d.ckpt + "/tmp-checkpoint-9/model.bin", "x");       // a Hugging Face save in progress
+  REQUIRE(symlink("/etc/passwd", (d.ckpt + "/shard-3/link").c_str()) == 0);
+  REQUIRE(mkfifo((d.ckpt + "/shard-4/fifo").c_str(), 0600) == 0);
+  std::sort(want.begin(), want.end());
+
+  auto e = Engine(d, clock);
+  REQUIRE(e.Restore().ok());
+  auto first = e.Sync(SyncKind::kStopped);
+  REQUIRE(first.ok());
+  CHECK(first->files_uploaded == 2601);
+  std::vector<std::string> paths;
+  auto manifest = Manifest(d);
+  for (auto const& f : manifest["files"]) paths.push_back(f["path"].get<std::string>());
+  std::sort(paths.begin(), paths.end());
+  CHECK(paths == want);
+
+  // Nothing changed: nothing sent, and the sync says so itself (the
+  // supervisor then has no reason to walk the tree again).
+  auto noop = e.Sync(SyncKind::kStopped);
+  REQUIRE(noop.ok());
+  CHECK(noop->files_uploaded == 0);
+  CHECK(noop->sequence == 1);
+  REQUIRE(noop->uncommitted.has_value());
+  CHECK(noop->uncommitted->files == 0);
+  CHECK(noop->uncommitted->bytes == 0);
+
+  // One file deep in the tree changes size, one goes: exactly those move.
+  Write(d.ckpt + "/shard-6/part-01000", "changed!");  // 1000 % 7 == 6
+  fs::remove(d.ckpt + "/shard-6/part-00006");
+  REQUIRE(Read(d.ckpt + "/shard-6/part-01000") == "changed!");
+  auto u = e.Uncommitted();
+  REQUIRE(u.ok());
+  CHECK(u->files == 2);
+  CHECK(u->bytes == 8);
+  auto next = e.Sync(SyncKind::kStopped);
+  REQUIRE(next.ok());
+  CHECK(next->files_uploaded == 1);
+  CHECK(next->sequence == 2);
+  CHECK(Manifest(d)["files"].size() == 2600);
+}
+
 }  // namespace
 }  // namespace spotvisor
