@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "common/duration.h"
+#include "sync/checkpoint_set.h"
 #include "common/strings.h"
 #include "compute/compute_client.h"
 #include "compute/ec2_client.h"
@@ -319,7 +320,7 @@ std::unique_ptr<ObjectStore> MakeS3Store(const Config& c, const std::string& buc
 }
 
 std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapshot& metadata, Mode mode,
-                                           const Clock& clock) {
+                                           const Clock& clock, GangStores* gang_stores) {
   auto loc = ParseStoreLocation(c.bucket);  // validated with the config
   std::unique_ptr<ObjectStore> store;
   if (loc->scheme == "file") {
@@ -338,6 +339,16 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
     store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }
   SyncOptions so;
+  if (!c.gang.empty() && c.gang_checkpoint_all && gang_stores) {
+    // gang-checkpoint = all: this rank's own commits under RUN_ID/rank-K/
+    // (K known once the gang formed), the sets' shares pinned.
+    gang_stores->run = std::shared_ptr<ObjectStore>(std::move(store));
+    gang_stores->rank = std::make_shared<RankStore>(gang_stores->run);
+    auto rank_store = gang_stores->rank;
+    store = std::make_unique<SharedStore>(rank_store);
+    so.pinned_prefix = kSetsDir;
+    so.done_once = true;
+  }
   so.checkpoint_dir = c.checkpoint_dir;
   so.run_id = c.run_id;
   so.instance = metadata.instance_name;
@@ -737,7 +748,10 @@ int RunEngine(const EngineOptions& options) {
   if (auto u = LookupUser(config.user); u.ok() && u->uid != geteuid()) so.user = *u;
   so.base_env = BaseEnv(so.user);
   if (!config.bucket.empty()) {
-    so.sync = MakeSyncEngine(config, metadata, options.mode, clock);
+    GangStores gang_stores;
+    so.sync = MakeSyncEngine(config, metadata, options.mode, clock, &gang_stores);
+    so.gang_run_store = gang_stores.run;
+    so.gang_rank_store = gang_stores.rank;
     logger.Info("sync.configured",
                 fmt::format("checkpoints in {} are synced to {} every {}", config.checkpoint_dir, so.sync->Describe(),
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),

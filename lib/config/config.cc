@@ -513,11 +513,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     res.OneOf<bool>("gang-on-loss", {{"stop", false}, {"wait", true}}, c.gang_wait_on_loss);
     c.gang_reform_timeout = res.Duration("gang-reform-timeout", c.gang_reform_timeout);
     if (c.gang_reform_timeout < std::chrono::seconds(1)) res.Error("gang-reform-timeout", "must be at least 1s");
-    std::string ckpt;
-    res.OneOf<std::string>("gang-checkpoint", {{"leader", "leader"}, {"all", "all"}}, ckpt);
-    if (ckpt == "all") {
-      res.Error("gang-checkpoint", "all (each rank syncs its own directory) is not implemented yet; use leader");
-    }
+    res.OneOf<bool>("gang-checkpoint", {{"leader", false}, {"all", true}}, c.gang_checkpoint_all);
     c.gang_form_timeout = res.Duration("gang-form-timeout", c.gang_form_timeout);
     if (c.gang_form_timeout < std::chrono::seconds(1)) res.Error("gang-form-timeout", "must be at least 1s");
     c.gang_lease_ttl = res.Duration("gang-lease-ttl", c.gang_lease_ttl);

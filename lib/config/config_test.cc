@@ -469,7 +469,9 @@ TEST_CASE("gang keys: bad values and what is not implemented yet are errors that
   CHECK(AnyErrorHas(WithGang({{"gang-on-loss", "later"}}), "gang-on-loss"));
   CHECK(AnyErrorHas(WithGang({{"gang-reform-timeout", "0"}}), "gang-reform-timeout"));
   CHECK(WithGang({{"gang-on-loss", "wait"}, {"gang-reform-timeout", "5m"}}).config->gang_reform_timeout == 5min);
-  CHECK(AnyErrorHas(WithGang({{"gang-checkpoint", "all"}}), "not implemented yet"));
+  CHECK(WithGang({{"gang-checkpoint", "all"}}).config->gang_checkpoint_all);
+  CHECK_FALSE(WithGang({}).config->gang_checkpoint_all);
+  CHECK(AnyErrorHas(WithGang({{"gang-checkpoint", "every"}}), "gang-checkpoint"));
   CHECK(AnyErrorHas(WithGang({{"gang-lease-ttl", "1s"}}), "gang-lease-ttl"));
   CHECK(AnyErrorHas(WithGang({{"gang-lease-ttl", "2500ms"}}), "whole seconds"));
   CHECK(AnyErrorHas(WithGang({{"gang-etcd-cert", "/c.pem"}}), "go together"));

@@ -133,8 +133,8 @@ const std::vector<KeySpec>& AllKeys() {
        "With gang-on-loss = wait: how long the members that are left wait for the gang to form again (a lost VM "
        "restarted or recreated) before they give up and run on-exit"},
       {"gang-checkpoint", "leader",
-       "leader: rank 0's checkpoint-dir is synced and every member restores it; all: every rank syncs its own (not "
-       "implemented yet)"},
+       "leader: rank 0's checkpoint-dir is synced and every member restores it; all: every rank syncs its own under "
+       "RUN_ID/rank-K/, and a generation's checkpoint counts only once every rank's final sync of it committed"},
       {"gang-lease-ttl", "10s",
        "A member that stops renewing its etcd lease for this long is gone, and ends the generation (2s-5m)"},
       {"gang-address", "",

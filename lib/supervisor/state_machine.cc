@@ -332,17 +332,20 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
            m.gang_completed_ = m.gang_completed_ || e.completed;
          });
     on(In(S::kForming), formed,
-       "spawn the trainer (`gang.formed` logged); formed again after a loss (gang-on-loss = wait): → `restoring` "
-       "first (rank 0's newest commit); a member that does not write checkpoints (gang-checkpoint = leader, rank > 0) "
-       "will not sync",
+       "spawn the trainer (`gang.formed` logged); formed again after a loss (gang-on-loss = wait), or "
+       "gang-checkpoint = all: → `restoring` first (rank 0's newest commit, or this rank's share of the newest "
+       "complete set); a member that does not write checkpoints (gang-checkpoint = leader, rank > 0) will not sync",
        [](M& m, const GangFormed& e, SteadyTime now, Out& out) {
          m.gang_formed_ = true;
          m.sync_writes_ = e.writes_checkpoints;
-         if (m.reforming_ && m.options_.sync) {
-           // Formed again after a loss: rank 0 joined only once its final sync
-           // was over, so its newest commit is in the bucket now.
+         if ((m.reforming_ || m.options_.gang_restore_after_forming) && m.options_.sync) {
+           // Formed again after a loss: every member joined only once its
+           // final sync was over, so the newest commit is in the bucket now.
            out.push_back(StartRestore{});
-           m.Transition(State::kRestoring, now, "formed again: restoring the gang's newest checkpoint (rank 0's)");
+           m.Transition(State::kRestoring, now,
+                        m.options_.gang_restore_after_forming
+                            ? "formed: restoring this rank's share of the gang's newest complete checkpoint set"
+                            : "formed again: restoring the gang's newest checkpoint (rank 0's)");
            return;
          }
          out.push_back(SpawnTrainer{m.reforming_ || m.restore_resumed_, m.restarts_});
@@ -1343,7 +1346,7 @@ void StateMachine::PowerOff(SteadyTime now, const std::string& why, std::vector<
 }
 
 void StateMachine::AfterMounts(SteadyTime now, std::vector<Action>& out) {
-  if (options_.sync) {
+  if (options_.sync && !(options_.gang && options_.gang_restore_after_forming)) {
     out.push_back(StartRestore{});
     Transition(State::kRestoring, now, "restoring the newest complete checkpoint");
     return;

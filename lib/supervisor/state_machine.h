@@ -232,6 +232,9 @@ struct StateMachineOptions {
   // lost restores and forms again (within gang_reform_timeout) instead of
   // ending its run.
   bool gang_wait = false;
+  // gang-checkpoint = all: a member restores its rank's share only once
+  // the gang formed (the rank decides what it restores), also on first boot.
+  bool gang_restore_after_forming = false;
   std::chrono::milliseconds gang_reform_timeout{30 * 60'000};
 };
 

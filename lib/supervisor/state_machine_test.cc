@@ -1320,6 +1320,24 @@ TEST_CASE("gang: the trainer starts only once the gang has formed, after the res
   CHECK(h.machine.trainer_pid() == 100);
 }
 
+TEST_CASE("gang-checkpoint = all: the gang forms first, then each rank restores its share, then the trainer starts") {
+  auto o = GangOptions();
+  o.gang_restore_after_forming = true;
+  Harness h(o);
+  Only<StartForming>(h.On(StartEvent{}));  // no restore before the rank is known
+  REQUIRE(h.machine.state() == State::kForming);
+  Only<StartRestore>(h.On(GangFormed{7, 2, true}));
+  REQUIRE(h.machine.state() == State::kRestoring);
+  auto spawn = Only<SpawnTrainer>(h.On(RestoreDone{true, false, true, ""}));
+  CHECK(spawn.resumed);
+  h.On(TrainerSpawned{100});
+  REQUIRE(h.machine.phase() == Phase::kRunning);
+  // Every rank syncs its own directory: the final sync after the end is its share.
+  h.On(GangEnded{7, "vm-0 (rank 0): preempted", false});
+  h.On(TrainerExited{100, 130, 0});
+  CHECK(Has<StartFinalSync>(h.On(LeftoversGone{})));
+}
+
 TEST_CASE("gang: without a bucket the gang forms right after the start") {
   Harness h(GangOptions(/*sync=*/false));
   Only<StartForming>(h.On(StartEvent{}));

@@ -149,6 +149,7 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.gang_form_timeout = c.gang_form_timeout;
   o.gang_wait = c.gang_wait_on_loss;
   o.gang_reform_timeout = c.gang_reform_timeout;
+  o.gang_restore_after_forming = !c.gang.empty() && c.gang_checkpoint_all;
   return o;
 }
 
@@ -523,7 +524,33 @@ void Supervisor::StartRestore() {
   ctx.clock = &clock_;
   ctx.cancel = restore_cancel_ = NewWork();
   transfer_kind_ = "restore";
-  pool_.Post([this, engine, ctx] {
+  auto run = options_.gang_run_store;
+  int rank = gang_rank_, size = options_.config.gang_size;
+  pool_.Post([this, engine, ctx, run, rank, size] {
+    if (run) {
+      // gang-checkpoint = all: this rank's manifest becomes its share of the
+      // newest complete set first, so no rank resumes from a save the
+      // others do not have.
+      auto rb = RollBackToNewestSet(*run, rank, size, ctx);
+      if (!rb.ok()) {
+        asio::post(io_, [this, s = rb.status()] {
+          transfer_ = nullptr;
+          Dispatch(RestoreDone{false, false, false,
+                               "gang-checkpoint = all: cannot find the gang's newest complete checkpoint set: " + s.message()});
+        });
+        return;
+      }
+      asio::post(io_, [this, rb = *rb, rank] {
+        nlohmann::json f = {{"rank", rank}, {"set_generation", rb.generation ? nlohmann::json(*rb.generation) : nlohmann::json(nullptr)},
+                            {"rolled_back", rb.changed}, {"shares_dropped", rb.shares_dropped}};
+        logger_.Info("gang.set_restore",
+                     rb.generation ? fmt::format("rank {} restores its share of generation {}'s checkpoint set, the newest "
+                                                 "one every rank committed{}",
+                                                 rank, *rb.generation, rb.changed ? " (its own newer commit is not used)" : "")
+                                   : fmt::format("rank {}: no checkpoint set is complete yet: every rank starts from scratch", rank),
+                     f);
+      });
+    }
     auto r = engine->Restore(ctx);
     asio::post(io_, [this, r = std::move(r)] {
       transfer_ = nullptr;
@@ -782,11 +809,56 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   if (final && machine_.end_reason()) {
     ended = RunStatusJson({{"state", "ended"}, {"reason", EndReasonName(*machine_.end_reason())}, {"exit_code", exit_code}});
   }
-  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome, ended]() mutable {
+  // gang-checkpoint = all: the final sync of a generation is this rank's
+  // share of that generation's set.
+  std::shared_ptr<ObjectStore> run = final && gang_generation_ ? options_.gang_run_store : nullptr;
+  std::int64_t generation = gang_generation_ ? gang_generation_->number : 0;
+  int rank = gang_rank_, size = options_.config.gang_size;
+  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome, ended, run, generation, rank,
+              size]() mutable {
     auto r = engine->Sync(mode, ctx);
     Status done;
-    if (r.ok() && !r->deferred && write_done) done = engine->WriteDone(exit_code, ctx);
-    if (r.ok() && r->deferred && write_done) done = FailedPreconditionError("nothing was committed");
+    if (run) {
+      bool whole = r.ok() && !r->deferred && r->not_uploaded.empty();
+      Status shared = whole ? PrepareShare(*run, rank, generation, ctx)
+                            : FailedPreconditionError(r.ok() ? "the final sync did not commit the trainer's last save"
+                                                             : r.status().message());
+      std::optional<std::int64_t> complete;
+      if (shared.ok()) {
+        auto newest = NewestCompleteSet(*run, size, ctx);
+        if (newest.ok()) complete = *newest;
+        if (complete && *complete == generation) (void)DropOlderShares(*run, rank, generation, ctx);
+      }
+      bool set_done = complete && *complete == generation;
+      // DONE once the completing generation's set is whole: whichever rank
+      // sees that first writes it (done_once), the others find it there.
+      bool already = false;
+      if (write_done) done = set_done ? engine->WriteDone(exit_code, ctx, &already) : OkStatus();
+      asio::post(io_, [this, shared, set_done, generation, rank, size, write_done, already] {
+        done_left_to_gang_ = write_done && (!set_done || already);
+        nlohmann::json f = {{"generation", generation}, {"rank", rank}, {"set_complete", set_done}};
+        if (!shared.ok()) {
+          f["error"] = shared.message();
+          logger_.Warn("gang.share_failed",
+                       fmt::format("rank {}'s share of generation {}'s checkpoint set is not committed ({}): that set will "
+                                   "never be restored, the gang resumes from the previous complete one",
+                                   rank, generation, shared.message()),
+                       f);
+        } else {
+          logger_.Info("gang.share_committed",
+                       set_done ? fmt::format("rank {} committed its share of generation {}'s checkpoint set: the set is "
+                                              "complete ({} of {} ranks)",
+                                              rank, generation, size, size)
+                                : fmt::format("rank {} committed its share of generation {}'s checkpoint set; the set "
+                                              "counts once every rank's is in",
+                                              rank, generation),
+                       f);
+        }
+      });
+    } else {
+      if (r.ok() && !r->deferred && write_done) done = engine->WriteDone(exit_code, ctx);
+      if (r.ok() && r->deferred && write_done) done = FailedPreconditionError("nothing was committed");
+    }
     // Informational: only after a sync that worked (the bucket answers), and
     // never holding on-exit up for long.
     if (!ended.is_null() && r.ok()) engine->PublishRunStatus(ended, ctx.WithDeadline(clock_.Now() + std::chrono::seconds(10)));
@@ -882,7 +954,11 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
     last_sync_ = {{"kind", kind}, {"ok", false}, {"error", r.status().message()}, {"time", FormatRfc3339(clock_.WallNow())}};
   }
   if (committed && !done.ok()) logger_.Error("done.failed", "could not write the DONE marker: " + done.message());
-  if (committed && done.ok() && final && machine_.phase() == Phase::kSyncing && machine_.end_reason() == EndReason::kCompleted) {
+  if (committed && done.ok() && final && done_left_to_gang_) {
+    logger_.Info("done.left_to_gang", "DONE is written once, by the rank whose share completes the gang's last checkpoint set "
+                                      "(or whichever saw it complete first)");
+  } else if (committed && done.ok() && final && machine_.phase() == Phase::kSyncing &&
+             machine_.end_reason() == EndReason::kCompleted) {
     logger_.Info("done.written", options_.sync->Describe() + "/DONE written: a VM booting with this run-id will not train again");
   }
   if (final) {
@@ -1175,8 +1251,10 @@ void Supervisor::OnGangFormed(const Generation& g, int rank) {
   if (machine_.state() != State::kForming) return;  // stopped meanwhile
   gang_generation_ = g;
   gang_rank_ = rank;
-  // gang-checkpoint = leader: rank 0's directory is the gang's checkpoint.
-  gang_follower_ = rank != 0;
+  // gang-checkpoint = leader: rank 0's directory is the gang's checkpoint;
+  // all: every rank syncs its own, under rank-K/.
+  if (options_.gang_rank_store) options_.gang_rank_store->SetRank(rank);
+  gang_follower_ = rank != 0 && !options_.gang_rank_store;
   if (options_.sync && gang_follower_) {
     logger_.Info("sync.follower",
                  fmt::format("this gang member (rank {}) restores checkpoints but does not sync them: rank 0 ({}) syncs "

@@ -24,6 +24,7 @@
 #include "compute/compute_client.h"
 #include "metadata/guest_attributes.h"
 #include "sync/sync_engine.h"
+#include "sync/checkpoint_set.h"
 #include "notify/service_notifier.h"
 #include "mount/mount_manager.h"
 #include "process/children.h"
@@ -46,6 +47,10 @@ struct SupervisorOptions {
   std::string instance;  // this VM's name (status.json in the bucket)
   std::string mode;  // "daemon" or "run", for the status file
   std::shared_ptr<SyncEngine> sync;  // null when no bucket is configured
+  // gang-checkpoint = all (sync/checkpoint_set.h): the run's root in the
+  // bucket and this member's rank store; null otherwise.
+  std::shared_ptr<ObjectStore> gang_run_store;
+  std::shared_ptr<RankStore> gang_rank_store;
   // on-exit stop | delete; null without a metadata server (then: poweroff).
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
   std::string compute_api = "the Compute Engine API";  // or "the EC2 API", for messages
@@ -194,6 +199,9 @@ class Supervisor {
   // This member syncs checkpoints: a bucket, and not a gang member that
   // only restores (gang-checkpoint = leader, rank > 0).
   bool SyncWrites() const { return options_.sync && !gang_follower_; }
+  // gang-checkpoint = all: this rank's final sync did not complete the set,
+  // so another rank writes DONE.
+  bool done_left_to_gang_ = false;
   std::vector<std::string> GangEnv() const;
   std::optional<Generation> gang_generation_;
   int gang_rank_ = -1;

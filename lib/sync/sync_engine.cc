@@ -724,9 +724,23 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     commit_id_.clear();
     state_.clear();
     std::string published = Publish("", "");
-    // A restart before the first commit: what this disk holds is the only
-    // copy of the run's work. Keep it and resume from it.
-    if (record && record->last.commit_id.empty() && record->last.sequence == 0) {
+    if (o_.bucket_wins) {
+      // A gang whose bucket holds nothing (or, with gang-checkpoint = all,
+      // no complete set): every member starts from scratch, so no rank
+      // resumes from a save the others do not have.
+      auto ls = local_vs({});
+      if (!ls.ok()) return ls.status();
+      if (ls->any) {
+        auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_);
+        if (!moved.ok()) return moved.status();
+        stats.set_aside = *moved;
+        stats.bucket_won = fmt::format("the bucket has no checkpoint of this gang, and every member starts from the same "
+                                       "state: the trainer starts from scratch; the {} local file(s) are kept in {}/{}",
+                                       *moved, Escaped(o_.checkpoint_dir), kSetAsideDir);
+      }
+    } else if (record && record->last.commit_id.empty() && record->last.sequence == 0) {
+      // A restart before the first commit: what this disk holds is the only
+      // copy of the run's work. Keep it and resume from it.
       auto ls = local_vs({});
       if (!ls.ok()) return ls.status();
       if (ls->any && !ls->torn) {
@@ -824,6 +838,26 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
         stats.bucket_won += fmt::format("; the {} local file(s) that differ from it are kept in {}/{}", *moved,
                                         Escaped(o_.checkpoint_dir), kSetAsideDir);
       }
+    }
+  } else if (o_.bucket_wins) {
+    // A commit this disk does not know, in a gang: files the commit does not
+    // name (another save's checkpoint-N/, say) must not be resumed from
+    // beside it. Files it names are replaced by the download.
+    auto ls = local_vs(m->files);
+    if (!ls.ok()) return ls.status();
+    std::set<std::string> named;
+    for (auto const& e : m->files) named.insert(e.path);
+    std::vector<std::string> extra;
+    for (auto const& f : ls->changed) {
+      if (!named.count(f)) extra.push_back(f);
+    }
+    if (!extra.empty()) {
+      auto moved = SetAside(o_.checkpoint_dir, extra, o_);
+      if (!moved.ok()) return moved.status();
+      stats.set_aside = *moved;
+      if (stats.bucket_won.empty()) stats.bucket_won = fmt::format("restoring commit #{} from the bucket", m->sequence);
+      stats.bucket_won += fmt::format("; {} local file(s) it does not name are kept in {}/{}", *moved,
+                                      Escaped(o_.checkpoint_dir), kSetAsideDir);
     }
   }
 
@@ -1148,6 +1182,21 @@ void SyncEngine::CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncSt
   // commit uploads under higher sequences. Failure costs storage, not safety.
   std::set<std::string> live;
   for (auto const& [p, u] : state_) live.insert(u.object);
+  if (!o_.pinned_prefix.empty()) {
+    // Shares of gang checkpoint sets: what they name stays. Any doubt
+    // (a share that cannot be read) and nothing is collected this time.
+    auto pins = store_->List(o_.pinned_prefix, ctx);
+    if (!pins.ok()) return;
+    for (auto const& pin : *pins) {
+      auto text = store_->ReadBytes(pin.name, nullptr, ctx);
+      if (!text.ok()) return;
+      auto j = Json::parse(*text, nullptr, false);
+      if (auto e = j.is_object() ? j.find("empty") : j.end(); e != j.end() && e->is_boolean() && e->get<bool>()) continue;
+      auto m = ParseManifest(*text, store_->Describe() + "/" + pin.name, o_.checkpoint_dir);
+      if (!m.ok()) return;
+      for (auto const& e : m->files) live.insert(e.object);
+    }
+  }
   auto listed = store_->List(kObjectsDir, ctx);
   if (!listed.ok()) return;
   for (auto const& o : *listed) {
@@ -1431,13 +1480,14 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
   return stats;
 }
 
-Status SyncEngine::WriteDone(int exit_code, const CallContext& ctx) {
+Status SyncEngine::WriteDone(int exit_code, const CallContext& ctx, bool* already) {
   std::lock_guard lk(mu_);
   if (auto f = Fenced(); !f.empty()) return FailedPreconditionError(f);
   Json done = {{"exit_code", exit_code}, {"time", FormatRfc3339(clock_.WallNow())}, {"instance", o_.instance},
                {"run_id", o_.run_id}, {"sequence", sequence_}, {"commit_id", commit_id_}};
-  auto r = store_->UploadBytes(kDone, Dump(done) + "\n", {}, ctx);
-  if (!r.ok()) return r.status();
+  auto r = store_->UploadBytes(kDone, Dump(done) + "\n", o_.done_once ? Precondition{0} : Precondition{}, ctx);
+  if (!r.ok() && !(o_.done_once && r.status().code() == StatusCode::kFailedPrecondition)) return r.status();
+  if (already) *already = !r.ok();
   // The run is over and no VM trains it again: every object the final
   // manifest does not name is garbage, whatever its sequence (uploads of
   // syncs cut off by a kill, before or after the last commit).

@@ -93,6 +93,13 @@ struct SyncOptions {
   // resumed from different saves would disagree; changed local files are
   // set aside (kSetAsideDir), not lost.
   bool bucket_wins = false;
+  // gang-checkpoint = all: manifests under this prefix of the store (a
+  // rank's shares of gang checkpoint sets, sync/checkpoint_set.h) name
+  // objects that garbage collection must keep. Empty: none.
+  std::string pinned_prefix;
+  // DONE is written only if there is none yet (several ranks may see the
+  // gang complete; the first one writes it).
+  bool done_once = false;
   // After DONE, when an upload of this process was abandoned (its answer
   // never came, so the store may apply it late): wait this long and collect
   // once more. Bounded by the context's deadline.
@@ -193,7 +200,8 @@ class SyncEngine {
   StatusOr<SyncStats> Sync(SyncKind kind, const CallContext& ctx = Background());
   // final: kCompleted, else kPeriodic.
   StatusOr<SyncStats> Sync(bool final, const CallContext& ctx = Background());
-  Status WriteDone(int exit_code, const CallContext& ctx = Background());
+  // `already`: with done_once, set when another writer's DONE was there first.
+  Status WriteDone(int exit_code, const CallContext& ctx = Background(), bool* already = nullptr);
   std::string Describe() const { return store_->Describe(); }
   // Another VM committed to this run-id: this one no longer syncs. The
   // message says what happened and what to do; empty while not fenced.

@@ -453,6 +453,75 @@ class GangTest(GangTestCase):
             self.assertEqual(p.wait_exit(timeout=40), 0)
             self.assertEqual(p.wait_event("run.end")["reason"], "completed")
 
+    def test_checkpoint_all_each_rank_resumes_its_own_shard_and_never_a_mixed_set(self):
+        """gang-checkpoint = all: every rank syncs its own dir under rank-K/; a
+        generation counts only once every rank's final sync of it committed."""
+        sets = {"gang-checkpoint": "all", "gang-on-loss": "wait", "gang-reform-timeout": "60s"}
+        run = os.path.join(self.bucket, self.NAME)
+
+        def fresh_envs():
+            for k in range(3):
+                p = os.path.join(self.out, f"env-vm-{k}.json")
+                if os.path.exists(p):
+                    os.remove(p)
+
+        procs = self.form(**sets)
+        envs = [self.env_of(f"vm-{k}") for k in range(3)]
+        self.assertEqual([e["start_step"] for e in envs], [0, 0, 0])
+        gen1 = int(envs[0]["SPOTVISOR_GANG_GENERATION"])
+        # Generation 1 ends with vm-2's preemption: each rank saves its own
+        # shard (step 1) and commits its share; the set is whole.
+        fresh_envs()
+        self.members["vm-2"]["metadata"].set("instance/preempted", "TRUE")
+        self.assertEqual(procs[2].wait_exit(timeout=30), 130)
+        for k, p in enumerate(procs):
+            share = p.wait_event("gang.share_committed", timeout=30)
+            self.assertEqual((share["generation"], share["rank"]), (gen1, k), share)
+        self.assertTrue(any(p.find("gang.share_committed", set_complete=True) for p in procs))
+        for k in range(3):
+            self.assertTrue(os.path.exists(os.path.join(run, f"rank-{k}", "sets", f"gen-{gen1:012d}.json")))
+            self.assertTrue(os.path.exists(os.path.join(run, f"rank-{k}", "manifest.json")))
+        self.assertFalse(os.path.exists(os.path.join(run, "manifest.json")), "no gang-wide manifest: each rank has its own")
+        # vm-2 comes back: every rank resumes from its own shard of set 1.
+        self.members["vm-2"]["metadata"].stop()
+        procs[2] = self.start_member(2, **sets)
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(3)]
+        gen2 = int(envs[0]["SPOTVISOR_GANG_GENERATION"])
+        self.assertGreater(gen2, gen1)
+        for k, e in enumerate(envs):
+            self.assertEqual(e["SPOTVISOR_GANG_RANK"], str(k))
+            self.assertEqual((e["start_step"], e["ckpt_by"]), (1, f"vm-{k}"), "its own shard, not rank 0's")
+        # Generation 2: vm-2 is killed without a word (its final sync never
+        # happens). Ranks 0 and 1 save step 2 and commit their shares, but set 2
+        # is never whole.
+        fresh_envs()
+        with open(os.path.join(self.tmp, "state-2", "status.json")) as f:
+            trainer = json.load(f)["trainer_pid"]
+        procs[2].kill()
+        os.killpg(trainer, signal.SIGKILL)
+        for k in (0, 1):
+            share = procs[k].wait_event("gang.share_committed", timeout=30, generation=gen2)
+            self.assertFalse(share["set_complete"], share)
+            procs[k].wait_event("gang.reforming", timeout=30)
+        # vm-2 comes back: every rank restores set 1; ranks 0 and 1 do not
+        # resume from their step-2 saves, which vm-2's shard does not match.
+        self.members["vm-2"]["metadata"].stop()
+        procs[2] = self.start_member(2, **sets)
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(3)]
+        for k, e in enumerate(envs):
+            self.assertEqual((e["start_step"], e["ckpt_by"]), (1, f"vm-{k}"), "set 1, the newest whole one")
+        for k in (0, 1):
+            restored = procs[k].wait_event("gang.set_restore", set_generation=gen1, rolled_back=True, timeout=30)
+            self.assertEqual(restored["rank"], k)
+        # The gang finishes: DONE once, at the run's root, after the last set is whole.
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        self.assertTrue(os.path.exists(os.path.join(run, "DONE")))
+        self.assertEqual(sum(1 for p in procs if p.find("done.written")), 1, "exactly one rank wrote DONE")
+
 
 def torch_available():
     return subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"], capture_output=True).returncode == 0
@@ -518,7 +587,7 @@ class GangConfigTest(unittest.TestCase):
 
     def test_features_not_built_yet_are_refused_saying_so(self):
         from harness import SPOTVISOR
-        for kv in ("gang-launch=leader", "gang-checkpoint=all"):
+        for kv in ("gang-launch=leader",):
             args = [SPOTVISOR, "config", "--config", "/nonexistent-default-ok"]
             for k in ("gang=g", "gang-size=2", "gang-etcd=http://127.0.0.1:1", "command=true", kv):
                 args += ["--set", k]
