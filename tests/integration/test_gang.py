@@ -141,7 +141,7 @@ class GangTestCase(unittest.TestCase):
             except (OSError, ValueError):
                 pass
 
-    def start_member(self, k, size=3, address=True, command=None, ip=None, **sets):
+    def start_member(self, k, size=3, address=True, command=None, ip=None, env=None, **sets):
         """Member vm-K at 127.0.0.(K+2) (or `ip`): given as gang-address, or (address=False) by the metadata server."""
         name = f"vm-{k}"
         ip = ip or f"127.0.0.{k + 2}"
@@ -163,7 +163,7 @@ class GangTestCase(unittest.TestCase):
         for key, value in base.items():
             args += ["--set", f"{key}={value}"]
         args += ["--"] + (command or ["/usr/bin/python3", self.trainer])
-        proc = Spotvisor(args, {"GCE_METADATA_HOST": f"127.0.0.1:{metadata.port}"})
+        proc = Spotvisor(args, dict(env or {}, GCE_METADATA_HOST=f"127.0.0.1:{metadata.port}"))
         self.members[name] = {"proc": proc, "metadata": metadata, "ip": ip}
         return proc
 
@@ -456,8 +456,22 @@ class GangTest(GangTestCase):
     def test_checkpoint_all_each_rank_resumes_its_own_shard_and_never_a_mixed_set(self):
         """gang-checkpoint = all: every rank syncs its own dir under rank-K/; a
         generation counts only once every rank's final sync of it committed."""
-        sets = {"gang-checkpoint": "all", "gang-on-loss": "wait", "gang-reform-timeout": "60s"}
         run = os.path.join(self.bucket, self.NAME)
+        self._checkpoint_all({}, lambda name: os.path.exists(os.path.join(run, name)))
+
+    def test_checkpoint_all_on_cloud_storage(self):
+        """The same against the fake Cloud Storage: prefix listings, preconditions
+        (DONE once: ifGenerationMatch=0) and deletes through the JSON API."""
+        from fake_gcs import FakeGcsServer
+        gcs = FakeGcsServer(buckets=["gang-bucket"]).start()
+        self.addCleanup(gcs.stop)
+        run = f"runs/{self.NAME}/"
+        # env: the spotvisor processes' environment (start_member's parameter).
+        self._checkpoint_all({"bucket": "gs://gang-bucket/runs", "env": {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{gcs.port}"}},
+                             lambda name: any(o["name"] == run + name for o in gcs.objects("gang-bucket", run + name)))
+
+    def _checkpoint_all(self, store, exists):
+        sets = dict(store, **{"gang-checkpoint": "all", "gang-on-loss": "wait", "gang-reform-timeout": "60s"})
 
         def fresh_envs():
             for k in range(3):
@@ -479,9 +493,9 @@ class GangTest(GangTestCase):
             self.assertEqual((share["generation"], share["rank"]), (gen1, k), share)
         self.assertTrue(any(p.find("gang.share_committed", set_complete=True) for p in procs))
         for k in range(3):
-            self.assertTrue(os.path.exists(os.path.join(run, f"rank-{k}", "sets", f"gen-{gen1:012d}.json")))
-            self.assertTrue(os.path.exists(os.path.join(run, f"rank-{k}", "manifest.json")))
-        self.assertFalse(os.path.exists(os.path.join(run, "manifest.json")), "no gang-wide manifest: each rank has its own")
+            self.assertTrue(exists(f"rank-{k}/sets/gen-{gen1:012d}.json"))
+            self.assertTrue(exists(f"rank-{k}/manifest.json"))
+        self.assertFalse(exists("manifest.json"), "no gang-wide manifest: each rank has its own")
         # vm-2 comes back: every rank resumes from its own shard of set 1.
         self.members["vm-2"]["metadata"].stop()
         procs[2] = self.start_member(2, **sets)
@@ -519,7 +533,7 @@ class GangTest(GangTestCase):
         for p in procs:
             self.assertEqual(p.wait_exit(timeout=30), 0)
             self.assertEqual(p.wait_event("run.end")["reason"], "completed")
-        self.assertTrue(os.path.exists(os.path.join(run, "DONE")))
+        self.assertTrue(exists("DONE"))
         self.assertEqual(sum(1 for p in procs if p.find("done.written")), 1, "exactly one rank wrote DONE")
 
 
