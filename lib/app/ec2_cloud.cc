@@ -43,7 +43,7 @@ class Ec2Cloud final : public Cloud {
   void Announce(Logger& logger) const override {
     logger.Info("cloud.detected",
                 fmt::format("on EC2: instance {} in {} (the instance metadata service answered at {})", m_.instance_id,
-                            m_.zone.empty() ? "?" : m_.zone, MakeImdsClient(ImdsOptions{}, clock_)->Endpoint()),
+                            m_.zone.empty() ? "?" : m_.zone, ImdsEndpointFromEnv()),
                 {{"cloud", "aws"}, {"instance", m_.instance_name}, {"zone", m_.zone}});
     if (m_.ec2_tags_hidden) {
       logger.Info("config.tags_hidden",

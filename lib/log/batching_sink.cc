@@ -1,6 +1,7 @@
 #include "log/batching_sink.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -24,7 +25,18 @@ std::vector<std::string> SplitUtf8(std::string_view text, std::size_t max) {
 
 BatchingSink::BatchingSink(Limits limits, std::string service) : limits_(limits), service_(std::move(service)) {}
 
-BatchingSink::~BatchingSink() { Stop(); }
+// Stop() calls the subclass's Interrupt(), which no longer exists while this
+// base destructor runs: every subclass stops the thread in its own
+// destructor. One that forgets is a programming error, said and ended here
+// rather than a call through a dead vtable.
+BatchingSink::~BatchingSink() {
+  if (thread_.joinable()) {
+    std::fprintf(stderr, "spotvisor: BatchingSink for %s destroyed with its thread running (the subclass must call "
+                         "Stop() in its destructor)\n",
+                 service_.c_str());
+    std::abort();
+  }
+}
 
 void BatchingSink::Start() { thread_ = std::thread([this] { Run(); }); }
 
