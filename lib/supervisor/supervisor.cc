@@ -581,7 +581,11 @@ void Supervisor::StartRestore() {
                              {{"sequence", r->sequence}, {"local_changes", r->local_changes}}});
       } else if (r->resumed) {
         if (!r->bucket_won.empty()) {
-          logger_.Warn("restore.bucket_newer", r->bucket_won, {{"sequence", r->sequence}, {"set_aside", r->set_aside}});
+          // In a gang another member commits (rank 0, or the set's other
+          // ranks): the bucket being ahead of this disk is the normal case,
+          // worth a warning only when local files had to be set aside.
+          logger_.Log(LogEvent{options_.gang && r->set_aside == 0 ? Severity::kInfo : Severity::kWarning,
+                               "restore.bucket_newer", r->bucket_won, {{"sequence", r->sequence}, {"set_aside", r->set_aside}}});
         }
         logger_.Info("restore.complete",
                      fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s", r->sequence,
