@@ -1,5 +1,8 @@
 // The spotvisor command line: argument parsing and help only; everything it
 // does lives in lib/.
+#include <pthread.h>
+#include <signal.h>
+
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -47,6 +50,8 @@ const char* const kUsage =
     "                                        end an on-failure-hold now\n"
     "  spotvisor checkpoint --done [--dir DIR]\n"
     "                                        (from the trainer) the checkpoint is complete\n"
+    "  spotvisor gang-host                   (run by spotvisor) a gang member's stand-in for the\n"
+    "                                        command with gang-launch = leader\n"
     "  spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL]\n"
     "                 gs|s3://BUCKET/PREFIX\n"
     "                                        (on a laptop) list the runs under a prefix\n"
@@ -125,6 +130,13 @@ const std::map<std::string, std::string> kHelp = {
      "Ends an on-failure-hold now: the held daemon goes on to its on-exit action (the same as\n"
      "sending it SIGUSR2). Exit status: 0 released, 2 nothing is being held, 3 spotvisor is not\n"
      "running, 4 no status.\n"},
+    {"gang-host",
+     "Usage: spotvisor gang-host\n"
+     "\n"
+     "What spotvisor runs on a gang member other than rank 0 when gang-launch = leader, in place\n"
+     "of the command: only rank 0 runs the command (mpiexec), whose processes reach this VM over\n"
+     "ssh. It says so and waits; SIGINT, SIGTERM or SIGHUP (the generation is over) end it with\n"
+     "exit status 0. Not meant to be run by hand.\n"},
     {"checkpoint",
      "Usage: spotvisor checkpoint --done [--dir DIR]\n"
      "\n"
@@ -229,6 +241,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"sync", {"--config", "--state-dir", "--timeout"}},
         {"release", {"--config", "--state-dir"}},
         {"checkpoint", {"--done", "--dir"}},
+        {"gang-host", {}},
         {"runs", {"--json", "--access-token-command", "--storage-endpoint"}},
         {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
         {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
@@ -335,6 +348,28 @@ std::string StateDir(const Args& a) {
   return dir;
 }
 
+// gang-launch = leader: a member's stand-in for the command while rank 0's
+// mpiexec runs this VM's share over ssh. Ends (0) when told to stop.
+int GangHost() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "?");
+  };
+  std::printf("spotvisor gang-host: rank %s of gang %s (generation %s) hosts rank 0's processes: they arrive over "
+              "ssh from %s\n",
+              env("SPOTVISOR_GANG_RANK").c_str(), env("SPOTVISOR_GANG").c_str(), env("SPOTVISOR_GANG_GENERATION").c_str(),
+              env("MASTER_ADDR").c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::printf("spotvisor gang-host: %s: the generation is over\n", strsignal(sig));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -357,6 +392,7 @@ int main(int argc, char** argv) {
     if (a.positional.empty() || a.positional.size() > 2) return Usage("spotvisor pull: give gs://BUCKET[/PREFIX]/RUN_ID [DIR]");
     return spotvisor::PullRun(a.positional[0], a.positional.size() > 1 ? a.positional[1] : "", a.sequence, a.remote);
   }
+  if (a.command == "gang-host") return GangHost();
   if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);
   if (a.command == "release") return spotvisor::RequestRelease(StateDir(a));
   if (a.command == "checkpoint") {

@@ -64,7 +64,7 @@ set(CPACK_PROJECT_CONFIG_FILE ${PROJECT_SOURCE_DIR}/packaging/cpack-project-conf
 # fuse3: the FUSE mounts (gcsfuse, rclone mount) need fusermount3 and /dev/fuse.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "fuse3")
 # gcsfuse comes from Google's own apt repository, rclone from the distribution.
-set(CPACK_DEBIAN_PACKAGE_SUGGESTS "gcsfuse, rclone")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "gcsfuse, rclone, openssh-client, openssh-server, openmpi-bin")  # the last three: gang-launch = leader
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
   ${PROJECT_SOURCE_DIR}/packaging/debian/conffiles
   ${PROJECT_SOURCE_DIR}/packaging/debian/postinst

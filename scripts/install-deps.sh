@@ -8,6 +8,7 @@ packages=(
   libboost-dev libcurl4-openssl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libsystemd-dev libblkid-dev libssl-dev catch2
   python3 python3-crcmod python3-crc32c rclone fuse3 e2fsprogs curl procps packer openssl
   etcd-server  # gangs (issue #16): the real etcd the client is tested against (tests/gang)
+  openssh-client  # gangs: ssh-keygen makes and checks the per-generation key of gang-launch = leader (lib/gang/ssh_trust.cc)
   iproute2  # gangs: ip netns/veth/bridge and ss for the network-namespace harness (tests/integration/gang_netns.py)
   python3-torch  # gangs: the DDP example (examples/ddp_train.py) as a real distributed trainer (gloo, CPU)
   clang libclang-rt-dev  # the libFuzzer targets in fuzz/ (docs/fuzzing.md): clang, libFuzzer and the sanitizer runtimes

@@ -232,7 +232,10 @@ int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger) {
   if (cmd.empty()) cmd = FindKey("shutdown-command")->default_value;
   logger.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd),
                       {{"command", cmd}, {"action", "poweroff"}}});
-  auto p = Spawn(SpawnOptions{{"/bin/sh", "-c", cmd}, BaseEnv(std::nullopt), "", std::nullopt, false});
+  SpawnOptions so;
+  so.argv = {"/bin/sh", "-c", cmd};
+  so.env = BaseEnv(std::nullopt);
+  auto p = Spawn(so);
   if (!p.ok()) {
     logger.Error("shutdown.failed", p.status().message());
     return kExitConfigError;
@@ -866,6 +869,7 @@ StatusOr<std::shared_ptr<GangSession>> MakeGangSession(const Config& c, const Me
   o.gang.name = c.gang;
   o.gang.size = c.gang_size;
   o.gang.member_ttl = std::chrono::duration_cast<std::chrono::seconds>(c.gang_lease_ttl);
+  o.gang.leader_completes = c.gang_launch_leader;  // rank 0's command is the work
   o.self.instance = metadata.instance_name.empty() ? Hostname() : metadata.instance_name;
   o.self.ip = c.gang_address.empty() ? metadata.private_ip : c.gang_address;
   o.self.zone = metadata.zone;

@@ -505,10 +505,16 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
       res.Error(c.gang_etcd_user.empty() ? "gang-etcd-password" : "gang-etcd-user",
                 "gang-etcd-user and gang-etcd-password go together");
     }
-    std::string launch;
-    res.OneOf<std::string>("gang-launch", {{"each", "each"}, {"leader", "leader"}}, launch);
-    if (launch == "leader") {
-      res.Error("gang-launch", "leader (only rank 0 runs the command, MPI style) is not implemented yet; use each");
+    res.OneOf<bool>("gang-launch", {{"each", false}, {"leader", true}}, c.gang_launch_leader);
+    res.Integer("gang-ssh-port", 1, 65535, c.gang_ssh_port);
+    c.gang_ssh_authorized_keys = std::string(Trim(res.Get("gang-ssh-authorized-keys").value));
+    if (!c.gang_ssh_authorized_keys.empty() &&
+        (c.gang_ssh_authorized_keys.front() != '/' || std::string_view(c.gang_ssh_authorized_keys).substr(c.gang_ssh_authorized_keys.size() >= 21 ? c.gang_ssh_authorized_keys.size() - 21 : 0) != "/.ssh/authorized_keys" ||
+         c.gang_ssh_authorized_keys.size() <= std::string_view("/.ssh/authorized_keys").size())) {
+      res.Error("gang-ssh-authorized-keys",
+                fmt::format("\"{}\" is not an absolute path ending in /.ssh/authorized_keys (spotvisor edits it as it "
+                            "edits a user's own: DIR/.ssh made 0700 and owned by the trainer user)",
+                            Shown(c.gang_ssh_authorized_keys)));
     }
     res.OneOf<bool>("gang-on-loss", {{"stop", false}, {"wait", true}}, c.gang_wait_on_loss);
     c.gang_reform_timeout = res.Duration("gang-reform-timeout", c.gang_reform_timeout);

@@ -108,7 +108,14 @@ struct Config {
   std::string gang_etcd_ca, gang_etcd_cert, gang_etcd_key, gang_etcd_user, gang_etcd_password;
   std::chrono::milliseconds gang_form_timeout{600'000};
   bool gang_wait_on_loss = false;  // gang-on-loss = wait
-  bool gang_checkpoint_all = false;  // gang-checkpoint = all: every rank syncs its own dir (sync/checkpoint_set.h)
+  bool gang_checkpoint_all = false;
+  // gang-launch = leader: only rank 0 runs the command (mpiexec); the others
+  // host its processes, reached over ssh (sshd on gang_ssh_port), trusting
+  // the leader's per-generation key through gang_ssh_authorized_keys (empty:
+  // the trainer user's ~/.ssh/authorized_keys).
+  bool gang_launch_leader = false;
+  int gang_ssh_port = 22;
+  std::string gang_ssh_authorized_keys;  // gang-checkpoint = all: every rank syncs its own dir (sync/checkpoint_set.h)
   std::chrono::milliseconds gang_reform_timeout{1'800'000};
   std::chrono::milliseconds gang_lease_ttl{10'000};
   std::string gang_address;  // empty: the private IP from metadata

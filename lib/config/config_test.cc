@@ -464,7 +464,12 @@ TEST_CASE("gang keys: bad values and what is not implemented yet are errors that
   CHECK(AnyErrorHas(WithGang({{"gang-etcd", ""}}), "gang needs the etcd endpoints"));
   CHECK(AnyErrorHas(WithGang({{"gang-etcd", "10.0.0.5:2379"}}), "not an http:// or https:// URL"));
   CHECK(AnyErrorHas(WithGang({{"gang", "../x"}}), "not a gang name"));
-  CHECK(AnyErrorHas(WithGang({{"gang-launch", "leader"}}), "not implemented yet"));
+  CHECK(WithGang({{"gang-launch", "leader"}}).config->gang_launch_leader);
+  CHECK(WithGang({{"gang-launch", "leader"}, {"gang-ssh-port", "2222"}}).config->gang_ssh_port == 2222);
+  CHECK(AnyErrorHas(WithGang({{"gang-ssh-port", "0"}}), "gang-ssh-port"));
+  CHECK(AnyErrorHas(WithGang({{"gang-ssh-authorized-keys", "keys"}}), "not an absolute path"));
+  CHECK(AnyErrorHas(WithGang({{"gang-ssh-authorized-keys", "/etc/ssh/keys"}}), "ending in /.ssh/authorized_keys"));
+  CHECK(WithGang({{"gang-ssh-authorized-keys", "/srv/vm-1/.ssh/authorized_keys"}}).errors.empty());
   CHECK(AnyErrorHas(WithGang({{"gang-launch", "mpi"}}), "gang-launch"));
   CHECK(AnyErrorHas(WithGang({{"gang-on-loss", "later"}}), "gang-on-loss"));
   CHECK(AnyErrorHas(WithGang({{"gang-reform-timeout", "0"}}), "gang-reform-timeout"));

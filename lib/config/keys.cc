@@ -123,7 +123,12 @@ const std::vector<KeySpec>& AllKeys() {
       {"gang-etcd-password", "", "Password of gang-etcd-user; never logged or shown", true},
       {"gang-launch", "each",
        "each: every member runs the command (torch.distributed / DDP style); leader: only rank 0 runs it (MPI "
-       "style; not implemented yet)"},
+       "style: mpiexec --hostfile $SPOTVISOR_GANG_HOSTFILE), the others host its processes over ssh, trusting a "
+       "fresh key for each generation"},
+      {"gang-ssh-port", "22", "gang-launch = leader: the port sshd listens on, on every member (given to mpiexec's ssh)"},
+      {"gang-ssh-authorized-keys", "",
+       "gang-launch = leader: the authorized_keys file the members add the leader's key to, for the generation "
+       "(default: the trainer user's ~/.ssh/authorized_keys; another one must be DIR/.ssh/authorized_keys)"},
       {"gang-form-timeout", "10m",
        "How long to wait for all gang-size members before giving up: then on-exit, so the others do not wait forever"},
       {"gang-on-loss", "stop",

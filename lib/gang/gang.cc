@@ -585,11 +585,78 @@ StatusOr<std::string> GangCoordinator::MarkDone(const Generation& g, const CallC
     if (!end->first.empty()) return ReasonOf(g.number, end->first[0].value);
     std::set<std::string> finished;
     for (const auto& kv : done->first) finished.insert(kv.key.substr(dir.size()));
-    bool all = std::all_of(g.members.begin(), g.members.end(),
-                           [&](const RankedMember& m) { return finished.count(m.instance) > 0; });
+    bool all = options_.leader_completes
+                   ? !g.members.empty() && finished.count(g.members.front().instance) > 0  // rank 0's command is the work
+                   : std::all_of(g.members.begin(), g.members.end(),
+                                 [&](const RankedMember& m) { return finished.count(m.instance) > 0; });
     if (!all) return std::string();
     return EndGeneration(g.number, kGangCompleted, ctx);
   }
+}
+
+Status GangCoordinator::PutLeased(const std::string& key, const std::string& value, const std::string& what,
+                                  const CallContext& ctx) {
+  for (int attempt = 0;; ++attempt) {
+    if (auto c = ctx.Check(fmt::format("gang {}: {}", options_.name, what)); !c.ok()) return c;
+    std::int64_t lease = lease_;
+    if (lease == 0) return FailedPreconditionError(fmt::format("gang {}: {}: this member holds no lease", options_.name, what));
+    auto put = etcd_.Put(key, value, lease, ctx);  // the same key and value again after a lost answer: no change
+    if (put.ok()) return OkStatus();
+    if (auto b = Backoff(put.status(), attempt, ctx); !b.ok()) return b;
+  }
+}
+
+StatusOr<std::vector<EtcdKv>> GangCoordinator::AwaitKeys(std::int64_t n, const std::string& key, const std::string& range_end,
+                                                         const std::function<bool(const std::vector<EtcdKv>&)>& enough,
+                                                         const std::string& what, const CallContext& ctx) {
+  const std::string end_key = EndKey(n);
+  for (int attempt = 0;;) {
+    if (auto c = ctx.Check(fmt::format("gang {}: {}", options_.name, what)); !c.ok()) return c;
+    auto got = etcd_.Range(key, range_end, ctx);
+    auto end = got.ok() ? etcd_.Range(end_key, "", ctx) : StatusOr<std::pair<std::vector<EtcdKv>, std::int64_t>>(got.status());
+    if (!end.ok()) {
+      if (auto b = Backoff(end.status(), attempt++, ctx); !b.ok()) return b;
+      continue;
+    }
+    if (!end->first.empty()) {
+      return FailedPreconditionError(fmt::format("gang {}: generation {} ended while {}: {}", options_.name, n, what,
+                                                      ReasonOf(n, end->first[0].value)));
+    }
+    if (enough(got->first)) return got->first;
+    // Nothing polled: the next change under the gang's prefix wakes us.
+    if (auto w = WaitForChange(std::max(got->second, end->second), ctx); !w.ok()) return w;
+  }
+}
+
+Status GangCoordinator::PublishSshKey(const Generation& g, const std::string& key_line, const CallContext& ctx) {
+  return PutLeased(SshKey(g.number), key_line, fmt::format("publishing generation {}'s ssh key", g.number), ctx);
+}
+
+StatusOr<std::string> GangCoordinator::AwaitSshKey(const Generation& g, const CallContext& ctx) {
+  auto kvs = AwaitKeys(g.number, SshKey(g.number), "", [](const std::vector<EtcdKv>& k) { return !k.empty(); },
+                       fmt::format("waiting for rank 0's ssh key of generation {}", g.number), ctx);
+  if (!kvs.ok()) return kvs.status();
+  return kvs->front().value;
+}
+
+Status GangCoordinator::MarkSshReady(const Generation& g, const CallContext& ctx) {
+  return PutLeased(SshReadyDir(g.number) + self_.instance, "1",
+                   fmt::format("saying generation {}'s ssh key is authorized", g.number), ctx);
+}
+
+Status GangCoordinator::AwaitSshReady(const Generation& g, const CallContext& ctx) {
+  const std::string dir = SshReadyDir(g.number);
+  auto enough = [&](const std::vector<EtcdKv>& kvs) {
+    std::set<std::string> ready;
+    for (const auto& kv : kvs) ready.insert(kv.key.substr(dir.size()));
+    for (std::size_t i = 1; i < g.members.size(); ++i) {
+      if (!ready.count(g.members[i].instance)) return false;
+    }
+    return true;
+  };
+  auto kvs = AwaitKeys(g.number, dir, PrefixEnd(dir), enough,
+                       fmt::format("waiting for every member to authorize generation {}'s ssh key", g.number), ctx);
+  return kvs.ok() ? OkStatus() : kvs.status();
 }
 
 StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallContext& ctx) {

@@ -134,6 +134,9 @@ struct GangOptions {
   // How long one watch stays open before it is renewed: the gateway's
   // stream has no heartbeat, so a silently vanished etcd is noticed then.
   std::chrono::milliseconds watch_window{60000};
+  // gang-launch = leader: the work is rank 0's command, so a generation is
+  // complete when rank 0's trainer finished (the others only host it).
+  bool leader_completes = false;
 };
 
 // "/spotvisor/gang/NAME/".
@@ -174,6 +177,15 @@ class GangCoordinator {
   // When every member of g has, ends g with kGangCompleted. Returns the
   // reason g ended with if it has ended (by this call or before), else "".
   StatusOr<std::string> MarkDone(const Generation& g, const CallContext& ctx);
+  // gang-launch = leader: the ssh trust of generation g, under PREFIX
+  // "ssh/" N. Rank 0 publishes its public key (leased: it goes with rank 0);
+  // every other member waits for it, authorizes it and says it is ready
+  // (leased); rank 0 waits until all have. Each Await returns kFailedPrecondition when
+  // g ends first, and honours ctx (the forming deadline).
+  Status PublishSshKey(const Generation& g, const std::string& key_line, const CallContext& ctx);
+  StatusOr<std::string> AwaitSshKey(const Generation& g, const CallContext& ctx);
+  Status MarkSshReady(const Generation& g, const CallContext& ctx);
+  Status AwaitSshReady(const Generation& g, const CallContext& ctx);
   // Revokes the lease: the member key goes, and with it any generation it is in.
   Status Leave(const CallContext& ctx);
 
@@ -189,6 +201,14 @@ class GangCoordinator {
                            const CallContext& ctx);
   // Waits until something under the prefix changes after `revision`.
   Status WaitForChange(std::int64_t revision, const CallContext& ctx);
+  // Reads [key, range_end) until `enough` says so; kFailedPrecondition when generation
+  // n has ended meanwhile.
+  StatusOr<std::vector<EtcdKv>> AwaitKeys(std::int64_t n, const std::string& key, const std::string& range_end,
+                                          const std::function<bool(const std::vector<EtcdKv>&)>& enough,
+                                          const std::string& what, const CallContext& ctx);
+  Status PutLeased(const std::string& key, const std::string& value, const std::string& what, const CallContext& ctx);
+  std::string SshKey(std::int64_t n) const { return prefix_ + "ssh/" + std::to_string(n) + "/key"; }
+  std::string SshReadyDir(std::int64_t n) const { return prefix_ + "ssh/" + std::to_string(n) + "/ready/"; }
   StatusOr<std::optional<Generation>> TryCommit(const Snapshot& s, const std::vector<RankedMember>& chosen,
                                                 const CallContext& ctx);
   Status Backoff(const Status& why, int attempt, const CallContext& ctx);

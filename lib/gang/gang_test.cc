@@ -436,6 +436,62 @@ TEST_CASE("coordinator: a member already gone ends the generation, recorded once
   CHECK(a->AwaitEnd(*g2, h.Ctx()).value() == "preempted");
 }
 
+TEST_CASE("coordinator: gang-launch = leader: the key and the readiness are exchanged through etcd, watched not polled", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));  // rank 0: the lower address
+  REQUIRE(a->Join(h.Ctx()).ok());
+  auto b = h.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(b->Join(h.Ctx()).ok());
+  auto g = a->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  REQUIRE(g->members[0].instance == "vm-a");
+  // vm-b waits for the key: it arrives while its watch is parked.
+  h.etcd.on_park = [&] { REQUIRE(a->PublishSshKey(*g, "ssh-ed25519 AAAA k", h.Ctx()).ok()); };
+  int ranges = h.etcd.ranges;
+  auto key = b->AwaitSshKey(*g, h.Ctx());
+  REQUIRE(key.ok());
+  CHECK(*key == "ssh-ed25519 AAAA k");
+  CHECK(h.etcd.ranges - ranges == 4);  // key and end read before the watch and after it: no polling
+  // The key is leased by rank 0: it goes with rank 0.
+  CHECK(h.etcd.kvs[h.prefix + "ssh/1/key"].lease != 0);
+  // Rank 0 waits until every other member is ready.
+  h.etcd.on_park = [&] { REQUIRE(b->MarkSshReady(*g, h.Ctx()).ok()); };
+  CHECK(a->AwaitSshReady(*g, h.Ctx()).ok());
+  CHECK(h.etcd.kvs.count(h.prefix + "ssh/1/ready/vm-b") == 1);
+  // Not ready in time: the forming deadline says so.
+  auto g2 = *g;
+  g2.number = 7;
+  CHECK(a->AwaitSshReady(g2, h.Ctx(std::chrono::seconds(30))).code() == StatusCode::kDeadlineExceeded);
+  // The generation ends while waiting: said at once, not waited out.
+  h.etcd.Set(h.prefix + "end/7", EndJson({"vm-a", "preempted", ""}), 0);
+  auto gone = b->AwaitSshKey(g2, h.Ctx());
+  CHECK(gone.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(gone.status().message().find("preempted") != std::string::npos);
+}
+
+TEST_CASE("coordinator: gang-launch = leader: rank 0 finishing completes the generation", "[gang]") {
+  Harness h;
+  GangOptions o{"g", 2, std::chrono::seconds(10)};
+  o.leader_completes = true;
+  GangCoordinator a(h.etcd, o, M("vm-a", "10.0.0.1", 2), h.clock, h.sleeper);
+  GangCoordinator b(h.etcd, o, M("vm-b", "10.0.0.2", 2), h.clock, h.sleeper);
+  REQUIRE(a.Join(h.Ctx()).ok());
+  REQUIRE(b.Join(h.Ctx()).ok());
+  auto g = a.AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  CHECK(a.MarkDone(*g, h.Ctx()).value() == kGangCompleted);  // vm-b only hosted rank 0's processes
+  // Without the option a host member's finishing is not enough, nor rank 0's alone.
+  Harness h2;
+  auto c = h2.Coordinator(M("vm-a", "10.0.0.1", 2));
+  auto d = h2.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(c->Join(h2.Ctx()).ok());
+  REQUIRE(d->Join(h2.Ctx()).ok());
+  auto g2 = c->AwaitGeneration(h2.Ctx());
+  REQUIRE(g2.ok());
+  CHECK(c->MarkDone(*g2, h2.Ctx()).value() == "");
+  CHECK(d->MarkDone(*g2, h2.Ctx()).value() == kGangCompleted);
+}
+
 TEST_CASE("coordinator: EndGeneration after a lost answer returns its own reason, a later one the first", "[gang]") {
   Harness h;
   auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));

@@ -305,6 +305,32 @@ void GangSession::LeaveNow(std::chrono::milliseconds bound) {
   }
 }
 
+Status GangSession::SetUpSshTrust(const Generation& g, int rank, const std::function<StatusOr<std::string>()>& make_key,
+                                  const std::function<Status(const std::string& key_line)>& authorize,
+                                  const CallContext& ctx) {
+  // The caller's cancellation and Stop() both end the waits.
+  auto cancel = std::make_shared<CancelSource>();
+  auto by_stop = stop_->Subscribe([cancel] { cancel->Cancel(); });
+  std::uint64_t by_caller = 0;
+  if (ctx.cancel) by_caller = ctx.cancel->Subscribe([cancel] { cancel->Cancel(); });
+  CallContext c = ctx;
+  c.cancel = cancel;
+  if (!c.clock) c.clock = &clock_;
+  Status s;
+  if (rank == 0) {
+    auto key = make_key();
+    s = !key.ok() ? key.status() : coordinator_->PublishSshKey(g, *key, c);
+    if (s.ok()) s = coordinator_->AwaitSshReady(g, c);
+  } else {
+    auto key = coordinator_->AwaitSshKey(g, c);
+    s = !key.ok() ? key.status() : authorize(*key);
+    if (s.ok()) s = coordinator_->MarkSshReady(g, c);
+  }
+  stop_->Unsubscribe(by_stop);
+  if (ctx.cancel) ctx.cancel->Unsubscribe(by_caller);
+  return s;
+}
+
 nlohmann::json GangSession::StatusJson() const {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json j = {{"name", options_.gang.name}, {"size", options_.gang.size}, {"instance", options_.self.instance},

@@ -72,6 +72,13 @@ class GangSession {
   // For status.json and guest attributes: name, size, instance, and once
   // formed, generation, rank and members.
   nlohmann::json StatusJson() const;
+  // gang-launch = leader: sets up generation g's ssh trust on the caller's
+  // thread, within ctx and cut short by Stop. Rank 0 runs make_key (which
+  // returns its public key line), publishes it and waits until every other
+  // member is ready; the others wait for the key, run authorize with it and
+  // say they are ready. kFailedPrecondition when g ends meanwhile.
+  Status SetUpSshTrust(const Generation& g, int rank, const std::function<StatusOr<std::string>()>& make_key,
+                       const std::function<Status(const std::string& key_line)>& authorize, const CallContext& ctx);
   const GangSessionOptions& options() const { return options_; }
 
  private:

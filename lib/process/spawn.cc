@@ -105,9 +105,10 @@ void CloseInheritedFds(int keep) {
   err_fd = AboveStdio(err_fd);
   out_w = AboveStdio(out_w);
   errout_w = AboveStdio(errout_w);
-  sigset_t empty;
-  sigemptyset(&empty);
-  sigprocmask(SIG_SETMASK, &empty, nullptr);
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int s : o.blocked_signals) sigaddset(&mask, s);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
   for (int sig = 1; sig < NSIG; ++sig) signal(sig, SIG_DFL);
   int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0 || !MoveTo(devnull, 0)) ChildFail(err_fd, kStageIo);

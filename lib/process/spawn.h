@@ -29,6 +29,10 @@ struct SpawnOptions {
   // would die with the worker (and those children, mkfs or the FUSE driver,
   // outliving us is harmless or wanted).
   int parent_death_signal = SIGKILL;
+  // Kept blocked across exec (every other signal is unblocked): for a child
+  // that takes them with sigwait, so one sent right after the spawn is not
+  // lost to the default action (`spotvisor gang-host`).
+  std::vector<int> blocked_signals;
 };
 
 struct SpawnedProcess {

@@ -437,7 +437,8 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     on(In(S::kRunning), gang_ended,
        "gang: another member ended the generation (`gang.ended`): SIGINT to the trainer's group → `stopping/SIGINT` "
        "(`gang-ended`); after the final sync, on-exit (gang-on-loss = stop) or `forming` again (`gang.reforming`, "
-       "gang-on-loss = wait)",
+       "gang-on-loss = wait). Ended as completed (gang-launch = leader: rank 0's command finished): SIGINT to this "
+       "member's stand-in, and the run ends `completed`",
        [](M& m, const GangEnded& e, SteadyTime now, Out& out) { m.OnGangEnded(e, now, out); });
 
     // Stopping: the ladder for the trainer's whole process group.
@@ -864,8 +865,10 @@ void StateMachine::EndGangFor(EndReason reason, std::vector<Action>& out) {
 
 void StateMachine::OnGangEnded(const GangEnded& e, SteadyTime now, std::vector<Action>& out) {
   if (!gang_formed_) return;
-  BeginStop(EndReason::kGangEnded, now, out);
-  (void)e;
+  // Completed while this member's trainer runs: only with gang-launch =
+  // leader, where rank 0's command is the work and the others' stand-ins
+  // end with it. Any other end stops the trainer for the gang's sake.
+  BeginStop(e.completed ? EndReason::kCompleted : EndReason::kGangEnded, now, out);
 }
 
 bool StateMachine::AwaitGang(SteadyTime now, std::vector<Action>& out) {

@@ -1338,6 +1338,18 @@ TEST_CASE("gang-checkpoint = all: the gang forms first, then each rank restores 
   CHECK(Has<StartFinalSync>(h.On(LeftoversGone{})));
 }
 
+TEST_CASE("gang-launch = leader: a host member's stand-in is stopped when rank 0's command completes the gang, and the run is completed") {
+  Harness h(GangOptions());
+  FormAndRun(h, 1, false);
+  auto a = h.On(GangEnded{7, "completed: every member's trainer exited 0", true});
+  CHECK(Find<SignalTrainer>(a).signo == SIGINT);
+  CHECK_FALSE(Has<EndGang>(a));  // the generation is over already
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(Has<RunOnExit>(h.On(LeftoversGone{})));
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+  CHECK(h.machine.exit_code() == 0);
+}
+
 TEST_CASE("gang: without a bucket the gang forms right after the start") {
   Harness h(GangOptions(/*sync=*/false));
   Only<StartForming>(h.On(StartEvent{}));

@@ -122,6 +122,14 @@ class Supervisor::OutputPump {
 
 namespace {
 
+// What a gang member runs instead of the command (gang-launch = leader).
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("/usr/bin/spotvisor");
+}
+
+
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
@@ -172,6 +180,12 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       durability_(options_.sync ? options_.config.sync_alert_after : std::chrono::milliseconds(0)) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
   boot_id_ = BootId();
+  if (LeaderMode()) {
+    ssh_user_ = options_.user ? StatusOr<UserInfo>(*options_.user) : LookupUser(CurrentUserName());
+    auto const& file = options_.config.gang_ssh_authorized_keys;
+    constexpr std::string_view kSuffix = "/.ssh/authorized_keys";
+    if (ssh_user_.ok() && !file.empty()) ssh_user_->home = file.substr(0, file.size() - kSuffix.size());
+  }
   observers_.push_back(std::make_unique<StatusFileObserver>(options_.config.state_dir, clock_, logger_));
   if (options_.guest_attributes) observers_.push_back(std::make_unique<GuestAttributesObserver>(options_.guest_attributes));
   if (options_.instance_tags) observers_.push_back(std::make_unique<InstanceTagObserver>(options_.instance_tags));
@@ -447,12 +461,28 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
   auto const& c = options_.config;
   SpawnOptions o;
   o.argv = c.argv;
+  if (LeaderMode() && gang_rank_ > 0) {
+    // gang-launch = leader: rank 0's mpiexec runs this VM's share over ssh;
+    // this member runs a stand-in that ends (0) when the generation does.
+    o.argv = {SelfExe(), "gang-host"};
+    o.blocked_signals = {SIGINT, SIGTERM, SIGHUP};  // it sigwaits for them
+  }
   o.env = options_.base_env;
   for (auto const& [k, v] : c.env) o.env.push_back(k + "=" + v);
   for (auto const& [k, v] : SpotvisorEnv(c)) o.env.push_back(k + "=" + v);
   o.env.push_back(std::string("SPOTVISOR_RESUMED=") + (resumed ? "1" : "0"));
   o.env.push_back("SPOTVISOR_RESTART_COUNT=" + std::to_string(restart_count));
   for (auto const& e : GangEnv()) o.env.push_back(e);
+  if (LeaderMode() && gang_rank_ == 0) {
+    // mpiexec's ssh: this generation's key, to sshd on gang-ssh-port; host
+    // keys are not pinned (a member recreated by a managed instance group
+    // has a new one), the key and from= pin who may connect instead.
+    auto key = SshKeyPath();
+    o.env.push_back("SPOTVISOR_GANG_SSH_KEY=" + key);
+    o.env.push_back(fmt::format("OMPI_MCA_plm_rsh_args=-i {} -p {} -o IdentitiesOnly=yes -o BatchMode=yes "
+                                "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+                                key, c.gang_ssh_port));
+  }
   o.workdir = c.workdir;
   o.user = options_.user;
   o.capture_output = true;
@@ -473,11 +503,15 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
                                                 c.progress_interval));
   pumps_.push_back(std::make_unique<OutputPump>(io_, spawned->stderr_fd, "stderr", "trainer.output", logger_, clock_,
                                                 c.progress_interval));
+  bool stand_in = o.argv != c.argv;
   logger_.Info("trainer.start",
-               restart_count ? fmt::format("trainer started again as pid {} (restart {})", trainer_pid_, restart_count)
-                             : fmt::format("trainer started as pid {}", trainer_pid_),
-               {{"pid", trainer_pid_}, {"argv", c.argv}, {"user", c.user}, {"workdir", c.workdir}, {"resumed", resumed},
-                {"restart_count", restart_count}});
+               stand_in ? fmt::format("gang-launch = leader: rank 0 runs the command; this member hosts its processes, "
+                                      "with `spotvisor gang-host` as pid {} until the generation ends",
+                                      trainer_pid_)
+               : restart_count ? fmt::format("trainer started again as pid {} (restart {})", trainer_pid_, restart_count)
+                               : fmt::format("trainer started as pid {}", trainer_pid_),
+               {{"pid", trainer_pid_}, {"argv", o.argv}, {"user", c.user}, {"workdir", c.workdir}, {"resumed", resumed},
+                {"restart_count", restart_count}, {"gang_host", stand_in}});
   for (auto& p : pumps_) p->Start();
   Dispatch(TrainerSpawned{trainer_pid_});
   if (stall_stop_pending_ && durability_.level() == 2) Dispatch(SyncStalled{});
@@ -1171,6 +1205,7 @@ void Supervisor::RunPoweroff() {
 }
 
 void Supervisor::Exit(int code) {
+  DropSshTrust();
   exit_code_ = code;
   exited_ = true;
   for (auto& p : pumps_) p->Close();
@@ -1237,6 +1272,7 @@ void Supervisor::StartForming() {
   auto gang = options_.gang;
   if (!gang) return;
   // Forming again (gang-on-loss = wait): nothing of the last generation holds.
+  DropSshTrust();
   gang_generation_.reset();
   gang_rank_ = -1;
   gang_follower_ = false;
@@ -1246,7 +1282,10 @@ void Supervisor::StartForming() {
     asio::post(io_, [this, s] { Dispatch(GangFormFailed{s.message()}); });
   };
   cb.ended = [this](std::int64_t n, const std::string& reason) {
-    asio::post(io_, [this, n, reason] { Dispatch(GangEnded{n, reason, reason == kGangCompleted}); });
+    asio::post(io_, [this, n, reason] {
+      DropSshTrust();
+      Dispatch(GangEnded{n, reason, reason == kGangCompleted});
+    });
   };
   gang->Start(std::move(cb));
 }
@@ -1273,7 +1312,84 @@ void Supervisor::OnGangFormed(const Generation& g, int rank) {
   if (auto s = WriteFileAtomically(path, hostfile, /*durable=*/false); !s.ok()) {  // rewritten every generation: no fsync on the loop
     logger_.Warn("gang.hostfile_failed", fmt::format("cannot write {}: {}", path, s.message()));
   }
-  Dispatch(GangFormed{g.number, rank, !gang_follower_});
+  if (!LeaderMode()) {
+    Dispatch(GangFormed{g.number, rank, !gang_follower_});
+    return;
+  }
+  // gang-launch = leader: the generation's ssh trust first; the trainers
+  // (rank 0's mpiexec, the others' stand-ins) start once every member
+  // trusts rank 0's key. Bounded by the forming state's deadline.
+  auto gang = options_.gang;
+  auto leader_ip = g.members.empty() ? std::string() : g.members[0].ip;
+  auto user = ssh_user_;
+  auto tag = SshTag(g.number);
+  auto dir = SshKeyDir();
+  auto children = options_.children;
+  CallContext ctx;
+  ctx.clock = &clock_;
+  ctx.cancel = NewWork();
+  pool_.Post([this, gang, g, rank, user, tag, dir, children, ctx, leader_ip] {
+    std::string fingerprint_note;
+    auto make_key = [&]() -> StatusOr<std::string> {
+      if (!user.ok()) return user.status();
+      auto kp = GenerateKeyPair(dir, "id_ed25519", tag, *user, *children, ctx);
+      if (!kp.ok()) return kp.status();
+      return kp->public_key;
+    };
+    auto authorize = [&](const std::string& line) -> Status {
+      if (!user.ok()) return user.status();
+      auto checked = ParseEd25519PublicKey(line);
+      if (!checked.ok()) return Status(checked.status().code(), "rank 0's ssh key from etcd: " + checked.status().message());
+      return AuthorizeKey(*user, leader_ip, *checked, tag);
+    };
+    auto s = gang->SetUpSshTrust(g, rank, make_key, authorize, ctx);
+    asio::post(io_, [this, s, g, rank, leader_ip] {
+      if (machine_.state() != State::kForming || !gang_generation_ || gang_generation_->number != g.number) return;
+      if (!s.ok()) {
+        logger_.Error("gang.ssh_failed",
+                      fmt::format("gang-launch = leader: the ssh trust of generation {} could not be set up: {}", g.number,
+                                  s.message()),
+                      {{"generation", g.number}, {"rank", rank}, {"error", s.message()}});
+        Dispatch(GangFormFailed{"gang-launch = leader: the ssh trust could not be set up: " + s.message()});
+        return;
+      }
+      logger_.Info("gang.ssh_ready",
+                   rank == 0 ? fmt::format("every member trusts this generation's ssh key (generation {}): mpiexec may "
+                                           "reach them on port {}",
+                                           g.number, options_.config.gang_ssh_port)
+                             : fmt::format("rank 0 ({}) may ssh to this member for generation {} (from= its address only)",
+                                           leader_ip, g.number),
+                   {{"generation", g.number}, {"rank", rank}, {"leader", leader_ip}});
+      Dispatch(GangFormed{g.number, rank, !gang_follower_});
+    });
+  });
+}
+
+bool Supervisor::LeaderMode() const { return options_.gang && options_.config.gang_launch_leader; }
+
+std::string Supervisor::SshTag(std::int64_t generation) const {
+  return fmt::format("spotvisor-gang:{}:{}", options_.config.gang, generation);
+}
+
+std::string Supervisor::SshKeyDir() const { return options_.config.state_dir + "/gang-ssh"; }
+
+std::string Supervisor::SshKeyPath() const { return SshKeyDir() + "/id_ed25519"; }
+
+// The generation is over (or this member leaves): its key is no longer
+// trusted here, and rank 0's private key goes. Local files only: on the loop.
+void Supervisor::DropSshTrust() {
+  if (!LeaderMode()) return;
+  if (ssh_user_.ok()) {
+    auto n = RevokeKeys(*ssh_user_, fmt::format("spotvisor-gang:{}:", options_.config.gang), /*prefix=*/true);
+    if (!n.ok()) {
+      logger_.Warn("gang.ssh_revoke_failed", "could not remove the gang's ssh key from authorized_keys: " + n.status().message(),
+                   {{"error", n.status().message()}});
+    } else if (*n > 0) {
+      logger_.Info("gang.ssh_revoked", fmt::format("removed the gang's ssh key from authorized_keys ({} line(s))", *n),
+                   {{"lines", *n}});
+    }
+  }
+  for (auto const& f : {SshKeyPath(), SshKeyPath() + ".pub"}) unlink(f.c_str());
 }
 
 std::vector<std::string> Supervisor::GangEnv() const {

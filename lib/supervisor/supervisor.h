@@ -32,6 +32,7 @@
 #include "common/worker_pool.h"
 #include "retry/sleeper.h"
 #include "gang/session.h"
+#include "gang/ssh_trust.h"
 
 namespace spotvisor {
 
@@ -203,6 +204,15 @@ class Supervisor {
   // so another rank writes DONE.
   bool done_left_to_gang_ = false;
   std::vector<std::string> GangEnv() const;
+  // gang-launch = leader (gang/ssh_trust.h).
+  bool LeaderMode() const;
+  std::string SshTag(std::int64_t generation) const;
+  std::string SshKeyDir() const;
+  std::string SshKeyPath() const;
+  void DropSshTrust();
+  // Whose authorized_keys the leader's key goes into: the trainer user's
+  // (its home replaced when gang-ssh-authorized-keys names another file).
+  StatusOr<UserInfo> ssh_user_ = UserInfo{};
   std::optional<Generation> gang_generation_;
   int gang_rank_ = -1;
   bool gang_follower_ = false;

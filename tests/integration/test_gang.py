@@ -27,7 +27,7 @@ from fake_metadata import FakeMetadataServer  # noqa: E402
 TRAINER = r'''
 import json, os, signal, sys, time
 out, member = os.environ["GANG_OUT"], os.environ["MEMBER"]
-keys = ("SPOTVISOR_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NNODES", "NODE_RANK")
+keys = ("SPOTVISOR_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NNODES", "NODE_RANK", "OMPI_")
 env = {k: v for k, v in os.environ.items() if k.startswith(keys)}
 ckpt = os.environ["SPOTVISOR_CHECKPOINT_DIR"]
 start, by = 0, ""
@@ -536,6 +536,79 @@ class GangTest(GangTestCase):
         self.assertTrue(exists("DONE"))
         self.assertEqual(sum(1 for p in procs if p.find("done.written")), 1, "exactly one rank wrote DONE")
 
+    def _authorized(self, k):
+        path = os.path.join(self.tmp, f"home-{k}", ".ssh", "authorized_keys")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [line for line in f.read().splitlines() if "spotvisor-gang:" in line]
+
+    def _leader_sets(self, k):
+        os.makedirs(os.path.join(self.tmp, f"home-{k}"), exist_ok=True)
+        return {"gang-launch": "leader", "gang-ssh-port": "2222",
+                "gang-ssh-authorized-keys": os.path.join(self.tmp, f"home-{k}", ".ssh", "authorized_keys")}
+
+    def test_leader_launch_only_rank0_runs_the_command_the_others_trust_its_key_for_the_generation(self):
+        """gang-launch = leader on loopback (no sshd here: test_gang_leader.py runs mpiexec over
+        ssh between network namespaces): who runs what, the key's life, completion by rank 0."""
+        with open(os.path.join(self.tmp, "home-0-foreign"), "w") as f:
+            f.write("x")
+        procs = [self.start_member(k, **self._leader_sets(k)) for k in range(3)]
+        for p in procs:
+            p.wait_event("gang.formed", timeout=30)
+            p.wait_event("gang.ssh_ready", timeout=30)
+        e = self.env_of("vm-0")
+        gen = e["SPOTVISOR_GANG_GENERATION"]
+        key = e["SPOTVISOR_GANG_SSH_KEY"]
+        self.assertEqual(key, os.path.join(self.tmp, "state-0", "gang-ssh", "id_ed25519"))
+        self.assertIn(f"-i {key} -p 2222 ", e["OMPI_MCA_plm_rsh_args"])
+        self.assertTrue(os.path.exists(key))
+        leader_fp = subprocess.run(["ssh-keygen", "-l", "-f", key + ".pub"], capture_output=True, text=True,
+                                   check=True).stdout.split()[1]
+        # Only rank 0 ran the command; the others run the stand-in.
+        for k in (1, 2):
+            start = procs[k].wait_event("trainer.start")
+            self.assertIn("gang-host", " ".join(start.get("argv", [])) if isinstance(start.get("argv"), list)
+                          else json.dumps(start), start)
+            self.assertFalse(os.path.exists(os.path.join(self.out, f"env-vm-{k}.json")), "the command runs on rank 0 only")
+            lines = self._authorized(k)
+            self.assertEqual(len(lines), 1, lines)
+            self.assertTrue(lines[0].startswith('from="127.0.0.2",restrict ssh-ed25519 '), lines[0])
+            self.assertTrue(lines[0].endswith(f" spotvisor-gang:{self.NAME}:{gen}"), lines[0])
+            # OpenSSH's own parser reads the line as rank 0's key.
+            path = os.path.join(self.tmp, f"home-{k}", ".ssh", "authorized_keys")
+            fp = subprocess.run(["ssh-keygen", "-l", "-f", path], capture_output=True, text=True, check=True).stdout.split()[1]
+            self.assertEqual(fp, leader_fp)
+        self.assertEqual(self._authorized(0), [], "rank 0 trusts nobody")
+        # rank 0's command finishing is the gang's work done: the stand-ins end with it.
+        with open(os.path.join(self.out, "exit-vm-0"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        for k in (1, 2):
+            self.assertEqual(self._authorized(k), [], "the key is gone with the generation")
+        self.assertFalse(os.path.exists(key), "rank 0's private key is gone")
+        self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+
+    def test_leader_launch_a_host_preempted_stops_rank0s_command_and_revokes_the_key(self):
+        procs = [self.start_member(k, **self._leader_sets(k)) for k in range(3)]
+        for p in procs:
+            p.wait_event("gang.ssh_ready", timeout=30)
+        self.env_of("vm-0")
+        self.assertEqual(len(self._authorized(2)), 1)
+        self.members["vm-2"]["metadata"].set("instance/preempted", "TRUE")
+        self.sigint_time("vm-0")  # rank 0's command (mpiexec) is stopped at once
+        # The stand-in has nothing to save: it exits 0 on SIGINT, even one sent
+        # right after it started (the signal is blocked across exec).
+        self.assertEqual(procs[2].wait_exit(timeout=30), 0)
+        self.assertEqual(procs[2].wait_event("run.end")["reason"], "preempted")
+        self.assertEqual(procs[0].wait_exit(timeout=30), 130)
+        self.assertEqual(procs[1].wait_exit(timeout=30), 0)
+        self.assertEqual(procs[1].wait_event("run.end")["reason"], "gang-ended")
+        for k in (1, 2):
+            self.assertEqual(self._authorized(k), [], "revoked when the generation ended")
+
 
 def torch_available():
     return subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed"], capture_output=True).returncode == 0
@@ -598,16 +671,6 @@ class GangConfigTest(unittest.TestCase):
         keys = json.loads(out.stdout)["keys"]
         self.assertEqual(keys["gang-etcd-password"]["value"], "(set, hidden)")
         self.assertTrue(any("gang-size" in e for e in json.loads(out.stdout)["errors"]))
-
-    def test_features_not_built_yet_are_refused_saying_so(self):
-        from harness import SPOTVISOR
-        for kv in ("gang-launch=leader",):
-            args = [SPOTVISOR, "config", "--config", "/nonexistent-default-ok"]
-            for k in ("gang=g", "gang-size=2", "gang-etcd=http://127.0.0.1:1", "command=true", kv):
-                args += ["--set", k]
-            out = subprocess.run(args, capture_output=True, text=True, timeout=60)
-            self.assertEqual(out.returncode, 78, kv)
-            self.assertIn("not implemented yet", out.stderr, kv)
 
 
 if __name__ == "__main__":
