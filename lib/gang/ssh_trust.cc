@@ -20,6 +20,7 @@
 
 #include "common/random.h"
 #include "common/strings.h"
+#include "storage/crc32c.h"
 
 namespace spotvisor {
 namespace {
@@ -82,41 +83,14 @@ bool IsTokenChar(char c, std::string_view extra) {
          extra.find(c) != std::string_view::npos;
 }
 
-int Base64Value(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
 // Strict RFC 4648 base64: padded, canonical (the bits padding drops are
-// zero), no whitespace. nullopt when it is not.
+// zero), no whitespace. nullopt when it is not. Canonical by construction:
+// the text must be exactly what encoding the decoded bytes gives back.
 std::optional<std::string> DecodeBase64(std::string_view s) {
-  if (s.empty() || s.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); i += 4) {
-    std::uint32_t n = 0;
-    int pad = 0;
-    for (std::size_t k = 0; k < 4; ++k) {
-      char c = s[i + k];
-      int v = 0;
-      if (c == '=') {
-        if (i + 4 != s.size() || k < 2) return std::nullopt;
-        ++pad;
-      } else {
-        v = Base64Value(c);
-        if (v < 0 || pad > 0) return std::nullopt;
-      }
-      n = (n << 6) | static_cast<std::uint32_t>(v);
-    }
-    if ((pad == 2 && (n & 0xffff) != 0) || (pad == 1 && (n & 0xff) != 0)) return std::nullopt;
-    out += static_cast<char>(n >> 16);
-    if (pad < 2) out += static_cast<char>((n >> 8) & 0xff);
-    if (pad < 1) out += static_cast<char>(n & 0xff);
-  }
-  return out;
+  if (s.empty()) return std::nullopt;
+  auto bytes = Base64Decode(s);
+  if (!bytes.ok() || Base64Encode(*bytes) != s) return std::nullopt;
+  return *std::move(bytes);
 }
 
 Status CheckComment(std::string_view comment, const std::string& where) {
