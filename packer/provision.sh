@@ -12,6 +12,8 @@
 # Environment:
 #   SPOTVISOR_DEB   path of the .deb on this VM (required)
 #   INSTALL_RCLONE  true: also install rclone (mount-driver = rclone); default false
+#   INSTALL_MPI     true: also install sshd, ssh and Open MPI, what every member of a gang
+#                   with gang-launch = leader needs (docs/gang.md); default false
 #   INSTALL_GCSFUSE false: skip gcsfuse (AWS images: packer/aws/); default true
 #   KEEP_MACHINE_ID true: do not reset /etc/machine-id; default false
 #
@@ -23,6 +25,7 @@ set -euo pipefail
 
 : "${SPOTVISOR_DEB:?set SPOTVISOR_DEB to the path of the spotvisor .deb on this VM}"
 INSTALL_RCLONE="${INSTALL_RCLONE:-false}"
+INSTALL_MPI="${INSTALL_MPI:-false}"
 INSTALL_GCSFUSE="${INSTALL_GCSFUSE:-true}"
 KEEP_MACHINE_ID="${KEEP_MACHINE_ID:-false}"
 
@@ -76,6 +79,12 @@ fi
 if [ "$INSTALL_RCLONE" = "true" ]; then
   say "installing rclone (from the distribution's archive)"
   apt_get install -y rclone
+fi
+if [ "$INSTALL_MPI" = "true" ]; then
+  # gang-launch = leader: rank 0's mpiexec reaches the other members over
+  # ssh, with a key spotvisor trusts for one generation at a time.
+  say "installing openssh-server, openssh-client and openmpi-bin (gang-launch = leader)"
+  apt_get install -y openssh-server openssh-client openmpi-bin
 fi
 
 # 2. spotvisor, with the service kept from starting on this VM.

@@ -103,6 +103,12 @@ variable "install_rclone" {
   description = "Also install rclone, for mount-driver = rclone."
 }
 
+variable "install_mpi" {
+  type        = bool
+  default     = false
+  description = "Also install sshd, ssh and Open MPI, for gangs with gang-launch = leader."
+}
+
 locals {
   image_family = var.image_family != "" ? var.image_family : "spotvisor-${var.source_image_family}"
   # Image names are at most 63 characters, so the family is not repeated here.
@@ -152,6 +158,7 @@ build {
     environment_vars = [
       "SPOTVISOR_DEB=/tmp/spotvisor.deb",
       "INSTALL_RCLONE=${var.install_rclone}",
+      "INSTALL_MPI=${var.install_mpi}",
     ]
     execute_command = "chmod +x {{ .Path }}; sudo env {{ .Vars }} {{ .Path }}"
   }

@@ -56,6 +56,11 @@ variable "install_rclone" {
   default = false
 }
 
+variable "install_mpi" {
+  type    = bool
+  default = false
+}
+
 locals {
   ami_name = "spotvisor-${formatdate("YYYYMMDD-hhmmss", timestamp())}"
 }
@@ -107,6 +112,7 @@ build {
     environment_vars = [
       "SPOTVISOR_DEB=/tmp/spotvisor.deb",
       "INSTALL_RCLONE=${var.install_rclone}",
+      "INSTALL_MPI=${var.install_mpi}",
       "INSTALL_GCSFUSE=false",
     ]
     execute_command = "chmod +x {{ .Path }}; sudo env {{ .Vars }} {{ .Path }}"
