@@ -10,6 +10,7 @@ packages=(
   etcd-server  # gangs (issue #16): the real etcd the client is tested against (tests/gang)
   openssh-client  # gangs: ssh-keygen makes and checks the per-generation key of gang-launch = leader (lib/gang/ssh_trust.cc)
   iproute2  # gangs: ip netns/veth/bridge and ss for the network-namespace harness (tests/integration/gang_netns.py)
+  openmpi-bin  # gangs: mpiexec for gang-launch = leader (tests/integration/test_gang_leader.py)
   python3-torch  # gangs: the DDP example (examples/ddp_train.py) as a real distributed trainer (gloo, CPU)
   clang libclang-rt-dev  # the libFuzzer targets in fuzz/ (docs/fuzzing.md): clang, libFuzzer and the sanitizer runtimes
   # the .deb and its tests (tests/package), the boot test under QEMU (tests/e2e)
@@ -33,6 +34,28 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# gangs: gang-launch = leader is tested with Debian's own sshd in the test's network namespaces
+# (tests/integration/gang_netns.py looks here). Extracted from openssh-server's .deb, not installed:
+# installing it would start and enable an sshd on this machine.
+sshd_cache=/var/cache/spotvisor-test/openssh-server
+if [ ! -x /usr/sbin/sshd ] && [ ! -x "$sshd_cache/usr/sbin/sshd" ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: run as root to extract openssh-server's sshd into $sshd_cache (gang-launch = leader tests)" >&2
+  else
+    deb_dir=$(mktemp -d)
+    chown _apt "$deb_dir" 2>/dev/null || true  # apt-get download fetches as _apt
+    client=$(dpkg-query -W -f='${Version}' openssh-client)  # the same version as ssh, when the archive still has it
+    if (cd "$deb_dir" && { apt-get download -qq "openssh-server=$client" 2>/dev/null || apt-get download -qq openssh-server; }) \
+        && rm -rf "$sshd_cache.new" && mkdir -p "$sshd_cache.new" && dpkg -x "$deb_dir"/openssh-server_*.deb "$sshd_cache.new"; then
+      rm -rf "$sshd_cache" && mv "$sshd_cache.new" "$sshd_cache"
+      echo "install-deps: $("$sshd_cache/usr/sbin/sshd" -V 2>&1 | head -1) extracted to $sshd_cache"
+    else
+      echo "install-deps: WARNING: could not get openssh-server's sshd; the gang-launch = leader tests will be skipped" >&2
+    fi
+    rm -rf "$deb_dir"
+  fi
 fi
 
 # The Node clients, at the versions package-lock.json pins, from the npm registry. Without

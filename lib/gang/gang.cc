@@ -624,7 +624,10 @@ StatusOr<std::vector<EtcdKv>> GangCoordinator::AwaitKeys(std::int64_t n, const s
     }
     if (enough(got->first)) return got->first;
     // Nothing polled: the next change under the gang's prefix wakes us.
-    if (auto w = WaitForChange(std::max(got->second, end->second), ctx); !w.ok()) return w;
+    // Watched from the first read's revision: a key written between the two
+    // reads is after it (watching from the second read's would miss it, and
+    // wait for the next unrelated change; seen as rank 0 never starting).
+    if (auto w = WaitForChange(std::min(got->second, end->second), ctx); !w.ok()) return w;
   }
 }
 

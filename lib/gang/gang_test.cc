@@ -204,7 +204,13 @@ class FakeEtcd final : public EtcdClient {
   StatusOr<std::pair<std::vector<EtcdKv>, std::int64_t>> Range(const std::string& key, const std::string& end,
                                                                const CallContext&) override {
     ++ranges;
-    return std::make_pair(In(key, end), rev);
+    auto out = std::make_pair(In(key, end), rev);
+    if (after_range) {
+      auto fn = std::move(after_range);
+      after_range = nullptr;
+      fn();  // another member acts between this read and the caller's next
+    }
+    return out;
   }
   StatusOr<std::int64_t> Delete(const std::string& key, const std::string&, const CallContext&) override {
     return kvs.count(key) ? (Del(key), 1) : 0;
@@ -288,6 +294,7 @@ class FakeEtcd final : public EtcdClient {
   int lose_answers = 0;  // the next Txns are applied, but their answers lost
   int txns = 0, ranges = 0, watches = 0;
   std::function<void()> on_park;  // runs once, when a watch would park: "another member acts"
+  std::function<void()> after_range;  // runs once, right after the next Range is answered
 
  private:
   FakeClock& clock_;
@@ -467,6 +474,21 @@ TEST_CASE("coordinator: gang-launch = leader: the key and the readiness are exch
   auto gone = b->AwaitSshKey(g2, h.Ctx());
   CHECK(gone.status().code() == StatusCode::kFailedPrecondition);
   CHECK(gone.status().message().find("preempted") != std::string::npos);
+}
+
+TEST_CASE("coordinator: a member ready between rank 0's two reads is not missed (the watch starts at the first read)", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  REQUIRE(a->Join(h.Ctx()).ok());
+  auto b = h.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(b->Join(h.Ctx()).ok());
+  auto g = a->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  // vm-b's readiness lands after rank 0 read the ready keys (none yet) and
+  // before it read the end key: the revision rank 0 watches from must be
+  // the first read's, or it waits for a change that never comes.
+  h.etcd.after_range = [&] { REQUIRE(b->MarkSshReady(*g, h.Ctx()).ok()); };
+  CHECK(a->AwaitSshReady(*g, h.Ctx(std::chrono::seconds(30))).ok());
 }
 
 TEST_CASE("coordinator: gang-launch = leader: rank 0 finishing completes the generation", "[gang]") {

@@ -45,22 +45,40 @@ network namespace with one interface, `eth0`, on a bridge of its own:
   namespaces, deletes them, the links and /etc/netns/NAME. The resources are
   written to /run/spotvisor-netns/PID.json *before* each is created; a run
   whose test process and janitor are both gone is swept by the next run.
-
-Not here yet (gang-launch = leader): sshd per member. Checked by hand with
-Debian 12's openssh-server 9.2 sshd: it runs in a member's namespace, on
-its own port, host key and config, without touching the machine, when a
-private mount namespace gives it the privilege-separation user and dir:
-  ip netns exec NS unshare --mount --propagation private sh -c 'mount --bind
-  DIR/passwd /etc/passwd && mount -t tmpfs -o mode=0755 tmpfs /run &&
-  mkdir -m 0755 /run/sshd && exec /usr/sbin/sshd -D -e -f DIR/sshd_config'
-(DIR/passwd = /etc/passwd plus an `sshd` line); `from="IP"` in
-authorized_keys then tells the members apart by their bridge addresses.
+- **sshd** (gang-launch = leader; only when a test asks,
+  `Member.start_sshd()`): Debian's OpenSSH sshd in the member's namespace,
+  listening on its bridge address only (port 2222), with its own host key,
+  config, pid file and authorized_keys under TMP/sshd-vm-K/ (the latter as
+  home/.ssh/authorized_keys, the shape spotvisor's gang-ssh-authorized-keys
+  wants): the machine's own sshd, keys and /root/.ssh are never used. It
+  needs the privilege-separation user `sshd` and the dir /run/sshd, which
+  the machine may not have; a private mount namespace gives it both without
+  changing the machine (checked by hand with Debian 12's 9.2 sshd first):
+    ip netns exec NS unshare --mount --propagation private sh -c 'mount --bind
+    DIR/passwd /etc/passwd && mount --bind DIR/shadow /etc/shadow &&
+    mount -t tmpfs -o mode=0755 tmpfs /run && mkdir -m 0755 /run/sshd &&
+    exec SSHD -D -e -f DIR/sshd_config'
+  DIR/passwd is /etc/passwd plus an `sshd` line; DIR/shadow holds only
+  `root:*` and `sshd:*` (with UsePAM no, sshd refuses an account whose
+  shadow entry is locked with '!', as root's may be; no password hash is
+  ever copied). Every step execs, so the Popen's pid is sshd's own; what it
+  starts for a login (mpiexec's orted and ranks) runs in the member's
+  network namespace and that private mount namespace (where /run is the
+  empty tmpfs). `from="IP"` in authorized_keys then tells the members apart
+  by their bridge addresses. The janitor kills sshd and its sessions with
+  everything else in the namespace; the mount namespace goes with them.
+  The sshd is `find_sshd()`'s: $SPOTVISOR_SSHD, else Debian's
+  /usr/sbin/sshd (openssh-server installed), else the copy
+  scripts/install-deps.sh extracts from openssh-server's .deb without
+  installing it (which would start the machine's own sshd), SSHD_CACHE;
+  with none, `sshd_skip_reason()` says so.
 
 Needs root, iproute2 and `ip netns add` working (else `NetnsGang.start`
 raises unittest.SkipTest saying which is missing) and etcd (etcd-server; no
 skip: scripts/install-deps.sh installs it). Run with Debian's /usr/bin/python3
 (fake_gcs needs python3-crc32c).
 """
+import base64
 import contextlib
 import ctypes
 import fcntl
@@ -68,7 +86,9 @@ import glob
 import ipaddress
 import json
 import os
+import pwd
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -77,6 +97,7 @@ import sys
 import threading
 import time
 import unittest
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -92,6 +113,15 @@ ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 METADATA_IP = "169.254.169.254"
 ETCD_PORT = 2379
 CLONE_NEWNET = 0x40000000
+SSHD_PORT = 2222
+# Where scripts/install-deps.sh extracts Debian's openssh-server (`apt-get download` + `dpkg -x`).
+SSHD_CACHE = "/var/cache/spotvisor-test/openssh-server/usr/sbin/sshd"
+SSH = shutil.which("ssh") or "/usr/bin/ssh"
+SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+# The ssh options spotvisor's leader gives mpiexec (OMPI_MCA_plm_rsh_args), less -i and -p.
+SSH_OPTIONS = ["-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null"]
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -280,6 +310,46 @@ def skip_reason():
     return None
 
 
+def find_sshd():
+    """The sshd to run in the namespaces: $SPOTVISOR_SSHD, Debian's /usr/sbin/sshd, or
+    the copy install-deps.sh extracts (SSHD_CACHE); None when there is none.
+    Absolute: sshd re-executes itself for every connection and insists on that."""
+    chosen = os.environ.get("SPOTVISOR_SSHD")
+    for path in ([chosen] if chosen else ["/usr/sbin/sshd", SSHD_CACHE]):
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+    return None
+
+
+def sshd_skip_reason():
+    """Why sshd cannot run in the members' namespaces here, or None."""
+    if not find_sshd():
+        if os.environ.get("SPOTVISOR_SSHD"):
+            return f"SPOTVISOR_SSHD={os.environ['SPOTVISOR_SSHD']} is not an executable sshd"
+        return (f"needs Debian's sshd: /usr/sbin/sshd (openssh-server), or the copy scripts/install-deps.sh "
+                f"extracts to {SSHD_CACHE}, or SPOTVISOR_SSHD=PATH")
+    for tool, package in ((SSH, "openssh-client"), (SSH_KEYGEN, "openssh-client"), (UNSHARE, "util-linux")):
+        if not os.access(tool, os.X_OK):
+            return f"needs {tool} ({package})"
+    return None
+
+
+def ssh_keygen(path, comment="spotvisor-test"):
+    """A fresh ed25519 key pair path and path.pub (no passphrase); returns the public key line."""
+    for f in (path, path + ".pub"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f)
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path],
+                   check=True, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    with open(path + ".pub") as f:
+        return f.read().strip()
+
+
+def netns_inode(name):
+    """The inode of network namespace `name`: equals os.stat('/proc/PID/ns/net').st_ino of its processes."""
+    return os.stat(f"/run/netns/{name}").st_ino
+
+
 # ------------------------------------------------------------------ the gang
 class NsSpotvisor(Spotvisor):
     """harness.Spotvisor, started in a network namespace through `ip netns exec`
@@ -311,6 +381,12 @@ class Member:
         self.ip = str(gang.net.network_address + host)
         self.metadata = None
         self.spotvisors = []
+        self.sshd_proc = None  # start_sshd()
+        self.sshd_dir = os.path.join(gang.tmp, f"sshd-{self.name}")
+        # sshd's AuthorizedKeysFile, shaped like a user's own (spotvisor's gang-ssh-authorized-keys
+        # must end in /.ssh/authorized_keys: it edits DIR/.ssh as it would ~/.ssh).
+        self.authorized_keys = os.path.join(self.sshd_dir, "home", ".ssh", "authorized_keys")
+        self.sshd_port = SSHD_PORT
 
     def start_metadata(self):
         """A fresh metadata server (a new boot of this VM), at 169.254.169.254:80 in the namespace."""
@@ -335,6 +411,115 @@ class Member:
         p = NsSpotvisor(self.ns, args, e)
         self.spotvisors.append(p)
         return p
+
+    # -------------------------------------------------------------- sshd
+    def start_sshd(self, port=SSHD_PORT, authorized_keys=None):
+        """Debian's sshd in this namespace on IP:port (see the module docstring), up and
+        accepting when this returns. Its log is sshd_log(); self.authorized_keys is the
+        only file it takes keys from (the caller writes it, or has spotvisor write it:
+        gang-ssh-authorized-keys). Raises unittest.SkipTest when there is no sshd."""
+        reason = sshd_skip_reason()
+        if reason:
+            raise unittest.SkipTest(reason)
+        if self.sshd_proc is not None and self.sshd_proc.poll() is None:
+            raise AssertionError(f"{self.name}: sshd runs already")
+        sshd = find_sshd()
+        d = self.sshd_dir
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        if authorized_keys:
+            self.authorized_keys = authorized_keys
+        os.makedirs(os.path.dirname(self.authorized_keys), mode=0o700, exist_ok=True)
+        self.sshd_port = port
+        with open("/etc/passwd") as f:
+            passwd = f.read()
+        if not passwd.endswith("\n"):
+            passwd += "\n"
+        if not any(line.startswith("sshd:") for line in passwd.splitlines()):
+            used = {p.pw_uid for p in pwd.getpwall()}
+            uid = next(u for u in range(64999, 60000, -1) if u not in used)
+            passwd += f"sshd:x:{uid}:65534:sshd privilege separation:/run/sshd:/usr/sbin/nologin\n"
+        with open(os.path.join(d, "passwd"), "w") as f:
+            f.write(passwd)
+        with open(os.path.join(d, "shadow"), "w") as f:
+            f.write("root:*:19000:0:99999:7:::\nsshd:*:19000:0:99999:7:::\n")
+        os.chmod(os.path.join(d, "shadow"), 0o600)
+        host_key = os.path.join(d, "ssh_host_ed25519_key")
+        if not os.path.exists(host_key):
+            ssh_keygen(host_key, f"host key of {self.name}")
+        config = os.path.join(d, "sshd_config")
+        with open(config, "w") as f:
+            f.write(f"""# sshd of "VM" {self.name} (gang_netns.py): nothing of the machine's own sshd
+Port {port}
+ListenAddress {self.ip}
+AddressFamily inet
+HostKey {host_key}
+PidFile {d}/sshd.pid
+AuthorizedKeysFile {self.authorized_keys}
+AuthorizedPrincipalsFile none
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+HostbasedAuthentication no
+UsePAM no
+PermitRootLogin prohibit-password
+StrictModes no
+PermitUserEnvironment no
+AllowTcpForwarding no
+X11Forwarding no
+PrintMotd no
+PrintLastLog no
+UseDNS no
+MaxStartups 50
+LogLevel VERBOSE
+""")
+        q = shlex.quote
+        script = (f"mount --bind {q(d)}/passwd /etc/passwd && mount --bind {q(d)}/shadow /etc/shadow && "
+                  f"mount -t tmpfs -o mode=0755 tmpfs /run && mkdir -m 0755 /run/sshd && "
+                  f"exec {q(sshd)} -D -e -f {q(config)}")
+        log = open(os.path.join(d, "sshd.log"), "ab")
+        try:
+            self.sshd_proc = subprocess.Popen(
+                [IP, "netns", "exec", self.ns, UNSHARE, "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+
+        def accepting():  # from the root namespace, over the bridge: sshd's banner
+            if self.sshd_proc.poll() is not None:
+                raise AssertionError(f"{self.name}'s sshd exited {self.sshd_proc.returncode}:\n{self.sshd_log()}")
+            try:
+                with socket.create_connection((self.ip, port), timeout=1) as s:
+                    s.settimeout(2)
+                    return s.recv(64).startswith(b"SSH-2.0-")
+            except OSError:
+                return False
+        wait_until(accepting, WAIT, f"{self.name}'s sshd accepting on {self.ip}:{port}")
+        return self.sshd_proc
+
+    def sshd_log(self):
+        try:
+            with open(os.path.join(self.sshd_dir, "sshd.log"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def stop_sshd(self):
+        if self.sshd_proc is not None:
+            if self.sshd_proc.poll() is None:
+                self.sshd_proc.kill()
+            self.sshd_proc.wait(WAIT)
+
+    def ssh_argv(self, key, target, command, port=None, options=()):
+        """`ip netns exec NS ssh ...`: ssh from this member (its bridge address) to target as root,
+        with only `key`, no user or system ssh config, spotvisor's options."""
+        port = port or self.sshd_port
+        return [IP, "netns", "exec", self.ns, SSH, "-F", "/dev/null", "-i", key, "-p", str(port), *SSH_OPTIONS,
+                "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR", *options, f"root@{target}", command]
+
+    def ssh(self, key, target, command, port=None, timeout=30):
+        """Runs command over ssh from this member to target; the CompletedProcess (text)."""
+        return subprocess.run(self.ssh_argv(key, target, command, port), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
 
     def cut_off(self, cut=True):
         """Pulls (or plugs back) this VM's cable: its bridge port goes down, so packets
@@ -493,6 +678,22 @@ class NetnsGang:
                 return False
         wait_until(healthy, 30, "etcd healthy on the bridge")
 
+    def etcd_prefix(self, prefix, timeout=5):
+        """{key: value} of etcd's keys under prefix, asked over the bridge through etcd's JSON
+        gateway (for failure messages: what the members wrote); {"<error>": why} if etcd does not answer."""
+        raw = prefix.encode()
+        end = raw[:-1] + bytes([raw[-1] + 1])  # the range of every key that starts with prefix
+        body = json.dumps({"key": base64.b64encode(raw).decode(), "range_end": base64.b64encode(end).decode()})
+        req = urllib.request.Request(f"{self.etcd_url}/v3/kv/range", data=body.encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                kvs = json.load(r).get("kvs", [])
+        except (OSError, ValueError) as e:
+            return {"<error>": str(e)}
+        return {base64.b64decode(kv["key"]).decode("utf-8", "replace"):
+                base64.b64decode(kv.get("value", "")).decode("utf-8", "replace") for kv in kvs}
+
     # -------------------------------------------------------------- teardown
     def close(self):
         """Stops the in-process servers, then has the janitor remove everything; raises if it could not."""
@@ -515,6 +716,8 @@ class NetnsGang:
                 p.wait_exit(5)  # and lets its readers reach the end of its output
                 p.proc.stdout.close()
                 p.proc.stderr.close()
+        for m in self.members:
+            m.stop_sshd()  # the janitor killed it with everything else in the namespace: this reaps it
         if self.etcd_proc:
             if self.etcd_proc.poll() is None:
                 self.etcd_proc.kill()
