@@ -184,8 +184,9 @@ int PrintStatus(const std::string& state_dir, bool json) {
     if (auto m = g->find("members"); m != g->end() && m->is_array()) {
       for (auto const& member : *m) {
         if (!member.is_object()) continue;
-        std::printf("             rank %lld: %s (%s)\n", num(member, "rank").value_or(-1), text(member, "instance").c_str(),
-                    text(member, "ip").c_str());
+        auto phase = text(member, "phase");
+        std::printf("             rank %lld: %s (%s)%s%s\n", num(member, "rank").value_or(-1), text(member, "instance").c_str(),
+                    text(member, "ip").c_str(), phase.empty() ? "" : ", ", phase.c_str());
       }
     }
   }

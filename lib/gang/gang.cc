@@ -404,6 +404,7 @@ StatusOr<GangCoordinator::Snapshot> GangCoordinator::Read(const CallContext& ctx
   if (!r.ok()) return r.status();
   Snapshot s;
   s.revision = r->second;
+  for (const auto& kv : r->first) NotePhase(kv, false);
   const std::string members = prefix_ + "members/", ends = prefix_ + "end/", generation = prefix_ + "generation";
   for (const auto& kv : r->first) {
     if (kv.key.starts_with(members)) {
@@ -448,6 +449,7 @@ StatusOr<bool> GangCoordinator::WatchOnce(std::int64_t revision,
   bool stopped = false;
   Status s = etcd_.Watch(prefix_, PrefixEnd(prefix_), revision + 1,
                          [&](const std::vector<EtcdEvent>& ev, std::int64_t) {
+                           for (const auto& e : ev) NotePhase(e.kv, e.type == EtcdEvent::kDelete);
                            if (stopped || ev.empty() || !stop(ev)) return;
                            stopped = true;
                            child->Cancel();
@@ -629,6 +631,31 @@ StatusOr<std::vector<EtcdKv>> GangCoordinator::AwaitKeys(std::int64_t n, const s
     // wait for the next unrelated change; seen as rank 0 never starting).
     if (auto w = WaitForChange(std::min(got->second, end->second), ctx); !w.ok()) return w;
   }
+}
+
+Status GangCoordinator::PublishPhase(const std::string& phase, const CallContext& ctx) {
+  nlohmann::json j = {{"phase", phase}, {"time", FormatRfc3339(clock_.WallNow())}};
+  return PutLeased(prefix_ + "phase/" + self_.instance, j.dump(), "publishing this member's phase", ctx);
+}
+
+void GangCoordinator::SetPhaseHook(std::function<void(const std::string&, const std::string&)> hook) {
+  phase_hook_ = std::move(hook);
+}
+
+// A phase key of another member (written by PublishPhase): checked, never
+// trusted; a value that is not one is shown as "?".
+void GangCoordinator::NotePhase(const EtcdKv& kv, bool deleted) {
+  const std::string dir = prefix_ + "phase/";
+  if (!phase_hook_ || !kv.key.starts_with(dir)) return;
+  std::string instance = kv.key.substr(dir.size());
+  if (instance.empty() || instance.find('/') != std::string::npos) return;
+  std::string phase;
+  if (!deleted) {
+    auto j = nlohmann::json::parse(kv.value, nullptr, false);
+    auto p = j.is_object() ? j.find("phase") : j.end();
+    phase = p != j.end() && p->is_string() && p->get_ref<const std::string&>().size() <= 64 ? p->get<std::string>() : "?";
+  }
+  phase_hook_(instance, phase);
 }
 
 Status GangCoordinator::PublishSshKey(const Generation& g, const std::string& key_line, const CallContext& ctx) {

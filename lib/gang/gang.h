@@ -183,6 +183,12 @@ class GangCoordinator {
   // (leased); rank 0 waits until all have. Each Await returns kFailedPrecondition when
   // g ends first, and honours ctx (the forming deadline).
   Status PublishSshKey(const Generation& g, const std::string& key_line, const CallContext& ctx);
+  // Every member's phase, for `spotvisor status` on any member: this
+  // member's under PREFIX "phase/" INSTANCE (leased: it goes with the
+  // member). Others' reach `hook` from the reads and watches this
+  // coordinator does anyway (nothing extra is polled); "" = gone.
+  Status PublishPhase(const std::string& phase, const CallContext& ctx);
+  void SetPhaseHook(std::function<void(const std::string& instance, const std::string& phase)> hook);
   StatusOr<std::string> AwaitSshKey(const Generation& g, const CallContext& ctx);
   Status MarkSshReady(const Generation& g, const CallContext& ctx);
   Status AwaitSshReady(const Generation& g, const CallContext& ctx);
@@ -208,6 +214,8 @@ class GangCoordinator {
                                           const std::string& what, const CallContext& ctx);
   Status PutLeased(const std::string& key, const std::string& value, const std::string& what, const CallContext& ctx);
   std::string SshKey(std::int64_t n) const { return prefix_ + "ssh/" + std::to_string(n) + "/key"; }
+  void NotePhase(const EtcdKv& kv, bool deleted);
+  std::function<void(const std::string&, const std::string&)> phase_hook_;  // set before the threads start
   std::string SshReadyDir(std::int64_t n) const { return prefix_ + "ssh/" + std::to_string(n) + "/ready/"; }
   StatusOr<std::optional<Generation>> TryCommit(const Snapshot& s, const std::vector<RankedMember>& chosen,
                                                 const CallContext& ctx);

@@ -491,6 +491,37 @@ TEST_CASE("coordinator: a member ready between rank 0's two reads is not missed 
   CHECK(a->AwaitSshReady(*g, h.Ctx(std::chrono::seconds(30))).ok());
 }
 
+TEST_CASE("coordinator: members' phases reach the others through the reads and watches they make anyway", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  std::map<std::string, std::string> seen;
+  a->SetPhaseHook([&](const std::string& instance, const std::string& phase) { seen[instance] = phase; });
+  REQUIRE(a->Join(h.Ctx()).ok());
+  auto b = h.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(b->Join(h.Ctx()).ok());
+  REQUIRE(b->PublishPhase("forming", h.Ctx()).ok());
+  auto g = a->AwaitGeneration(h.Ctx());  // reads the prefix: vm-b's phase comes with it
+  REQUIRE(g.ok());
+  CHECK(seen["vm-b"] == "forming");
+  int ranges = h.etcd.ranges;
+  // While a waits for the generation's end, b's changes arrive on the watch.
+  h.etcd.on_park = [&] {
+    REQUIRE(b->PublishPhase("running", h.Ctx()).ok());
+    h.etcd.on_park = [&] { h.etcd.Set(h.prefix + "end/1", EndJson({"vm-b", "preempted", ""}), 0); };
+  };
+  CHECK(a->AwaitEnd(*g, h.Ctx()).value() == "preempted");
+  CHECK(seen["vm-b"] == "running");
+  CHECK(h.etcd.ranges - ranges == 1);  // one read, then only the watch
+  // Leased: gone with the member. And a value that is not a phase is "?".
+  h.etcd.Set(h.prefix + "phase/vm-x", "{\"phase\": 7}", 0);
+  h.etcd.Set(h.prefix + "phase/vm-y", std::string(100, 'p'), 0);
+  REQUIRE(b->Leave(h.Ctx()).ok());
+  REQUIRE(a->AwaitGeneration(h.Ctx(std::chrono::seconds(5))).status().code() == StatusCode::kDeadlineExceeded);
+  CHECK(seen["vm-x"] == "?");
+  CHECK(seen["vm-y"] == "?");
+  CHECK(h.etcd.kvs.count(h.prefix + "phase/vm-b") == 0);
+}
+
 TEST_CASE("coordinator: gang-launch = leader: rank 0 finishing completes the generation", "[gang]") {
   Harness h;
   GangOptions o{"g", 2, std::chrono::seconds(10)};

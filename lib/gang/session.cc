@@ -27,6 +27,55 @@ GangSession::GangSession(GangSessionOptions options, std::unique_ptr<EtcdClient>
     : options_(std::move(options)), etcd_(std::move(etcd)), logger_(logger), clock_(clock) {
   options_.self.size = options_.gang.size;
   coordinator_ = std::make_unique<GangCoordinator>(*etcd_, options_.gang, options_.self, clock_, sleeper_);
+  coordinator_->SetPhaseHook([this](const std::string& instance, const std::string& phase) {
+    std::function<void()> notify;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = phases_.find(instance);
+      std::string before = it == phases_.end() ? "" : it->second;
+      if (before == phase) return;
+      if (phase.empty()) {
+        phases_.erase(instance);
+      } else {
+        phases_[instance] = phase;
+      }
+      notify = peers_changed_;
+    }
+    if (notify) notify();
+  });
+}
+
+void GangSession::OnPeersChanged(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_changed_ = std::move(fn);
+}
+
+void GangSession::PublishPhase(std::string phase) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    phases_[options_.self.instance] = phase;
+    phase_pending_ = std::move(phase);
+    if (phase_publishing_ || !joined_) return;  // the task in flight takes the newest; Join publishes it
+    phase_publishing_ = true;
+  }
+  RunTask([this](const CallContext& ctx) {
+    for (;;) {
+      std::string next;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!phase_pending_ || !joined_) {
+          phase_publishing_ = false;
+          return;
+        }
+        next = *std::move(phase_pending_);
+        phase_pending_.reset();
+      }
+      // Informational: a failure (etcd away) is not worth more than the
+      // etcd_unavailable the keep-alive already logs.
+      auto bounded = ctx.WithDeadline(clock_.Now() + std::chrono::seconds(10));
+      (void)coordinator_->PublishPhase(next, bounded);
+    }
+  });
 }
 
 GangSession::~GangSession() { Stop(std::chrono::seconds(2)); }
@@ -84,13 +133,20 @@ bool GangSession::JoinWithRetry() {
     auto s = coordinator_->Join(ctx);
     if (s.ok()) {
       NoteEtcd(OkStatus(), "");
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!joined_) {
-        logger_.Info("gang.joined",
-                     fmt::format("registered in gang {}; waiting for {} members", options_.gang.name, options_.gang.size),
-                     {{"gang", options_.gang.name}, {"size", options_.gang.size}});
+      std::optional<std::string> phase;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!joined_) {
+          logger_.Info("gang.joined",
+                       fmt::format("registered in gang {}; waiting for {} members", options_.gang.name, options_.gang.size),
+                       {{"gang", options_.gang.name}, {"size", options_.gang.size}});
+        }
+        joined_ = true;
+        // The phase set before there was a lease to publish it under.
+        auto self = phases_.find(options_.self.instance);
+        if (self != phases_.end()) phase = self->second;
       }
-      joined_ = true;
+      if (phase) PublishPhase(*phase);
       return true;
     }
     if (ctx.cancelled()) return false;
@@ -339,7 +395,11 @@ nlohmann::json GangSession::StatusJson() const {
     j["generation"] = generation_->number;
     j["rank"] = rank_;
     nlohmann::json members = nlohmann::json::array();
-    for (auto const& m : generation_->members) members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank}});
+    for (auto const& m : generation_->members) {
+      auto p = phases_.find(m.instance);
+      members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank},
+                         {"phase", p == phases_.end() ? nlohmann::json(nullptr) : nlohmann::json(p->second)}});
+    }
     j["members"] = members;
   }
   return j;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -72,6 +73,11 @@ class GangSession {
   // For status.json and guest attributes: name, size, instance, and once
   // formed, generation, rank and members.
   nlohmann::json StatusJson() const;
+  // This member's phase (`running`, `stopping`, ...) for the others'
+  // `spotvisor status`: published off the caller's thread, the latest wins.
+  void PublishPhase(std::string phase);
+  // Called (from a session thread) when another member's phase changed.
+  void OnPeersChanged(std::function<void()> fn);
   // gang-launch = leader: sets up generation g's ssh trust on the caller's
   // thread, within ctx and cut short by Stop. Rank 0 runs make_key (which
   // returns its public key line), publishes it and waits until every other
@@ -107,6 +113,10 @@ class GangSession {
   std::vector<std::thread> tasks_;
   std::optional<Generation> generation_;
   int rank_ = -1;
+  std::map<std::string, std::string> phases_;  // others' phases, by instance
+  std::optional<std::string> phase_pending_;    // this member's, not yet published
+  bool phase_publishing_ = false;
+  std::function<void()> peers_changed_;
   bool joined_ = false;
   bool etcd_down_ = false;  // a streak of failures is being waited out (logged once)
   int etcd_failures_ = 0;

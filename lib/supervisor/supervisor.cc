@@ -180,6 +180,14 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       durability_(options_.sync ? options_.config.sync_alert_after : std::chrono::milliseconds(0)) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
   boot_id_ = BootId();
+  if (options_.gang) {
+    // Another member's phase changed: status.json and the guest attributes show every member's.
+    options_.gang->OnPeersChanged([this] {
+      asio::post(io_, [this] {
+        if (!exited_) WriteStatus(last_status_event_);
+      });
+    });
+  }
   if (LeaderMode()) {
     ssh_user_ = options_.user ? StatusOr<UserInfo>(*options_.user) : LookupUser(CurrentUserName());
     auto const& file = options_.config.gang_ssh_authorized_keys;
@@ -383,6 +391,14 @@ void Supervisor::OnUpcomingMaintenance(const std::string& body) {
 void Supervisor::Dispatch(const Event& e) {
   if (exited_) return;
   for (auto const& a : machine_.Handle(e, clock_.Now())) Execute(a);
+  // The other members' `spotvisor status` shows this one's phase.
+  if (options_.gang) {
+    std::string phase = PhaseName(machine_.phase());
+    if (phase != published_phase_) {
+      published_phase_ = phase;
+      options_.gang->PublishPhase(phase);
+    }
+  }
   // status.json once, after the actions: nothing may delay a signal.
   if (last_machine_event_) {
     WriteStatus(*last_machine_event_);

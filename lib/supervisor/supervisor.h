@@ -203,6 +203,7 @@ class Supervisor {
   // gang-checkpoint = all: this rank's final sync did not complete the set,
   // so another rank writes DONE.
   bool done_left_to_gang_ = false;
+  std::string published_phase_;  // this member's phase as last given to the gang
   std::vector<std::string> GangEnv() const;
   // gang-launch = leader (gang/ssh_trust.h).
   bool LeaderMode() const;

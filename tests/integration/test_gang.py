@@ -212,9 +212,15 @@ class GangTest(GangTestCase):
             self.assertEqual(e["SPOTVISOR_RUN_ID"], self.NAME, "the gang is one run")
             with open(e["SPOTVISOR_GANG_HOSTFILE"]) as f:
                 self.assertEqual(f.read(), "127.0.0.2 slots=1\n127.0.0.3 slots=1\n127.0.0.4 slots=1\n")
-        # Status shows the gang.
-        with open(os.path.join(self.tmp, "state-1", "status.json")) as f:
-            st = json.load(f)
+        # Status shows the gang, and every member's phase (published through etcd).
+        def status_of(k):
+            with open(os.path.join(self.tmp, f"state-{k}", "status.json")) as f:
+                return json.load(f)
+
+        def phases(k):
+            return [m.get("phase") for m in status_of(k)["gang"]["members"]]
+        wait_until(lambda: phases(1) == ["running"] * 3, what="every member shown running on vm-1")
+        st = status_of(1)
         self.assertEqual(st["gang"]["rank"], 1)
         self.assertEqual([m["instance"] for m in st["gang"]["members"]], ["vm-0", "vm-1", "vm-2"])
         from harness import SPOTVISOR
@@ -222,12 +228,14 @@ class GangTest(GangTestCase):
                                capture_output=True, text=True, timeout=30)
         self.assertEqual(shown.returncode, 0, shown.stderr)
         self.assertIn(f"gang:        {self.NAME}, rank 1 of 3, generation {formed[0]['generation']}", shown.stdout)
-        self.assertIn("rank 2: vm-2 (127.0.0.4)", shown.stdout)
+        self.assertIn("rank 2: vm-2 (127.0.0.4), running", shown.stdout)
         # rank 1 finishes first: it waits for the others, and nobody is stopped.
         with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
             f.write("0")
         procs[1].wait_event("gang.done")
         procs[1].wait_event("supervisor.state", state="gang-waiting")
+        # The others see it waiting for them.
+        wait_until(lambda: phases(0) == ["running", "gang-waiting", "running"], what="vm-1 shown gang-waiting on vm-0")
         with open(os.path.join(self.out, "exit-all"), "w") as f:
             f.write("0")
         for p in procs:
