@@ -279,7 +279,19 @@ void GangSession::RunTask(std::function<void(const CallContext&)> fn) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return;
   auto ctx = Ctx(tasks_cancel_);
-  tasks_.push_back(StartSignalFreeThread([fn = std::move(fn), ctx] { fn(ctx); }));
+  // A long run publishes many phases: threads that are done are joined here,
+  // not kept (each would hold its stack) until Stop.
+  std::erase_if(tasks_, [](Task& t) {
+    if (!t.finished->load()) return false;
+    t.thread.join();
+    return true;
+  });
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  tasks_.push_back(Task{StartSignalFreeThread([fn = std::move(fn), ctx, finished] {
+                          fn(ctx);
+                          finished->store(true);
+                        }),
+                        finished});
 }
 
 void GangSession::End(std::int64_t generation, std::string reason) {
@@ -322,7 +334,8 @@ void GangSession::Stop(std::chrono::milliseconds bound) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
     stopped_ = true;
-    tasks.swap(tasks_);
+    for (auto& t : tasks_) tasks.push_back(std::move(t.thread));
+    tasks_.clear();
   }
   auto start = clock_.Now();
   stop_->Cancel();

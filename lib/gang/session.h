@@ -12,6 +12,7 @@
 // lease expired: see gang.h on split brain).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -110,7 +111,11 @@ class GangSession {
   std::shared_ptr<CancelSource> tasks_cancel_ = std::make_shared<CancelSource>();  // End, Done
   std::thread forming_, keepalive_;
   mutable std::mutex mu_;  // guards what follows
-  std::vector<std::thread> tasks_;
+  struct Task {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<Task> tasks_;  // finished ones are joined when the next starts
   std::optional<Generation> generation_;
   int rank_ = -1;
   std::map<std::string, std::string> phases_;  // others' phases, by instance
