@@ -323,8 +323,8 @@ bad = [f"{p} (>= {v})" for p, v in need.items() if p not in have or ver(have[p])
 if not need or bad:
     sys.exit(f"not covered by Depends: {bad or 'dpkg-shlibdeps printed nothing'}")
 EOF
-check "control: Recommends fuse3, Suggests gcsfuse and rclone" \
-  test "$(field Recommends) / $(field Suggests)" = "fuse3 / gcsfuse, rclone"
+check "control: Recommends fuse3, Suggests gcsfuse and rclone (mounts), openssh and openmpi (gang-launch = leader)" \
+  test "$(field Recommends) / $(field Suggests)" = "fuse3 / gcsfuse, rclone, openssh-client, openssh-server, openmpi-bin"
 check "control: conffiles is /etc/spotvisor/spotvisor.conf" \
   test "$(cat "$x/control/conffiles")" = /etc/spotvisor/spotvisor.conf
 check "control: postinst, prerm, postrm executable, sh -n clean" \
