@@ -462,7 +462,12 @@ StatusOr<bool> GangCoordinator::WatchOnce(std::int64_t revision,
 }
 
 Status GangCoordinator::WaitForChange(std::int64_t revision, const CallContext& ctx) {
-  auto any = [](const std::vector<EtcdEvent>&) { return true; };
+  // Members' phases are for status only: they wake nobody (they reach the
+  // phase hook on the way).
+  const std::string phases = prefix_ + "phase/";
+  auto any = [&](const std::vector<EtcdEvent>& ev) {
+    return std::any_of(ev.begin(), ev.end(), [&](const EtcdEvent& e) { return !e.kv.key.starts_with(phases); });
+  };
   for (int attempt = 0;;) {
     if (auto c = ctx.Check("gang " + options_.name); !c.ok()) return c;
     auto w = WatchOnce(revision, any, ctx);

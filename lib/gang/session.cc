@@ -45,6 +45,10 @@ GangSession::GangSession(GangSessionOptions options, std::unique_ptr<EtcdClient>
   });
 }
 
+namespace {
+constexpr std::chrono::milliseconds kPhaseDelay{250};
+}  // namespace
+
 void GangSession::OnPeersChanged(std::function<void()> fn) {
   std::lock_guard<std::mutex> lock(mu_);
   peers_changed_ = std::move(fn);
@@ -60,6 +64,15 @@ void GangSession::PublishPhase(std::string phase) {
   }
   RunTask([this](const CallContext& ctx) {
     for (;;) {
+      // A moment's delay, so a burst of changes (stopping, draining,
+      // syncing) is one write, and none competes with the etcd writes on
+      // the paths that matter (the end of a generation, forming): the
+      // benchmark's stop-together p99 went from 13 to ~50 ms without it.
+      if (ctx.cancel && !ctx.cancel->WaitFor(kPhaseDelay)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        phase_publishing_ = false;
+        return;
+      }
       std::string next;
       {
         std::lock_guard<std::mutex> lock(mu_);
