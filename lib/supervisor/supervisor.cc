@@ -1345,7 +1345,6 @@ void Supervisor::OnGangFormed(const Generation& g, int rank) {
   ctx.clock = &clock_;
   ctx.cancel = NewWork();
   pool_.Post([this, gang, g, rank, user, tag, dir, children, ctx, leader_ip] {
-    std::string fingerprint_note;
     auto make_key = [&]() -> StatusOr<std::string> {
       if (!user.ok()) return user.status();
       auto kp = GenerateKeyPair(dir, "id_ed25519", tag, *user, *children, ctx);

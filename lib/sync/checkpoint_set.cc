@@ -56,13 +56,17 @@ std::optional<std::pair<int, std::int64_t>> ParseShareName(const std::string& na
   return std::make_pair(static_cast<int>(*rank), static_cast<std::int64_t>(*gen));
 }
 
-// Every share of every rank: generation -> ranks holding one.
-StatusOr<std::map<std::int64_t, std::set<int>>> Shares(ObjectStore& run, const CallContext& ctx) {
-  auto listed = run.List("rank-", ctx);
-  if (!listed.ok()) return listed.status();
+// Every share of ranks 0..size-1: generation -> ranks holding one. One
+// listing of each rank's sets/ (a few objects), not of "rank-", which holds
+// every rank's checkpoint objects too.
+StatusOr<std::map<std::int64_t, std::set<int>>> Shares(ObjectStore& run, int size, const CallContext& ctx) {
   std::map<std::int64_t, std::set<int>> by_gen;
-  for (auto const& o : *listed) {
-    if (auto p = ParseShareName(o.name)) by_gen[p->second].insert(p->first);
+  for (int k = 0; k < size; ++k) {
+    auto listed = run.List(RankDir(k) + kSetsDir, ctx);
+    if (!listed.ok()) return listed.status();
+    for (auto const& o : *listed) {
+      if (auto p = ParseShareName(o.name); p && p->first == k) by_gen[p->second].insert(k);
+    }
   }
   return by_gen;
 }
@@ -172,12 +176,10 @@ Status PrepareShare(ObjectStore& run, int rank, std::int64_t generation, const C
 
 StatusOr<std::optional<std::int64_t>> NewestCompleteSet(ObjectStore& run, int size, const CallContext& ctx) {
   if (size <= 0) return InvalidArgumentError("a gang set needs a size of at least 1");
-  auto shares = Shares(run, ctx);
+  auto shares = Shares(run, size, ctx);
   if (!shares.ok()) return shares.status();
   for (auto it = shares->rbegin(); it != shares->rend(); ++it) {
-    int have = 0;
-    for (int k = 0; k < size; ++k) have += it->second.count(k) ? 1 : 0;
-    if (have == size) return std::optional<std::int64_t>(it->first);
+    if (it->second.size() == static_cast<std::size_t>(size)) return std::optional<std::int64_t>(it->first);
   }
   return std::optional<std::int64_t>();
 }
