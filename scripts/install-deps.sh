@@ -15,6 +15,7 @@ packages=(
   clang libclang-rt-dev  # the libFuzzer targets in fuzz/ (docs/fuzzing.md): clang, libFuzzer and the sanitizer runtimes
   # the .deb and its tests (tests/package), the boot test under QEMU (tests/e2e)
   dpkg-dev debootstrap gpg gpgv xz-utils systemd qemu-system-x86 socat
+  libisal2  # Intel's ISA-L: the fake GCS hashes big uploads with its CRC32C, off Python's GIL (tests/fakes/README.md)
   awscli python3-boto3  # AWS's own clients (aws-cli 2, botocore) against the fake S3 and IMDS (tests/fakes)
 )
 # Node.js and npm run Google's own clients against the fakes (tests/fakes/node/). A machine

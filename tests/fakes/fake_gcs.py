@@ -23,10 +23,12 @@ or as a script:
     fake_gcs.py ctl --port PORT objects ckpt
 
 sink=True (--sink) makes it a sink for upload benchmarks: uploads keep only
-size, crc32c, md5Hash and generation, never the bytes.
+size, crc32c, md5Hash and generation, never the bytes. md5=False
+(--no-md5) computes no MD5, the most costly part of taking an upload.
 
 Needs Debian's /usr/bin/python3 (3.11) with python3-crc32c (preferred) or
-python3-crcmod for CRC32C; nothing else outside the standard library. See
+python3-crcmod for CRC32C; Debian's libisal2, when installed, hashes big
+buffers faster and off the GIL. Nothing else outside the standard library. See
 the "fake_gcs.py" section of README.md next to this file for the contract,
 the deviations from the real service and the performance notes.
 """
@@ -35,6 +37,7 @@ import argparse
 import base64
 import binascii
 import bisect
+import ctypes
 import email.utils
 import hashlib
 import http.server
@@ -59,10 +62,14 @@ import weakref
 # CRC32C: Debian's python3-crc32c (ICRAR crc32c; Debian 12 builds it without
 # the SSE4.2 path, still ~4.5x crcmod), else crcmod's C extension. Both hold
 # the GIL; MD5 (hashlib) releases it, so MD5 is what runs on helper threads.
+# When Debian's libisal2 (Intel's ISA-L) is installed, its crc32_iscsi
+# (CRC32C with hardware folding, ~25 GB/s here) hashes big writable
+# buffers through ctypes, which releases the GIL for the call; the Python
+# module still takes small and read-only ones.
 try:
     import crc32c as _crc32c_module
 
-    def _crc32c(data, value=0):
+    def _crc32c_py(data, value=0):
         return _crc32c_module.crc32c(data, value)
 
     CRC32C_IMPL = ("python3-crc32c ("
@@ -75,9 +82,51 @@ except ImportError:
         raise ImportError("fake_gcs.py needs python3-crc32c or python3-crcmod"
                           " (Debian packages): run it with /usr/bin/python3"
                           ) from _e
-    _crc32c = crcmod.mkCrcFun(0x11EDC6F41, initCrc=0, xorOut=0xFFFFFFFF,
-                              rev=True)     # _crc32c(data, value=0)
+    _crc32c_py = crcmod.mkCrcFun(0x11EDC6F41, initCrc=0, xorOut=0xFFFFFFFF,
+                                 rev=True)     # _crc32c_py(data, value=0)
     CRC32C_IMPL = "crcmod"
+
+
+def _load_isal():
+    """ISA-L's crc32_iscsi(buf, int len, init) through ctypes, or None."""
+    if os.environ.get("FAKE_GCS_NO_ISAL"):
+        return None
+    try:
+        fn = ctypes.CDLL("libisal.so.2").crc32_iscsi
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_uint32
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+    # ISA-L takes and returns the register without the final inversion.
+    if fn(b"123456789", 9, 0xFFFFFFFF) ^ 0xFFFFFFFF != 0xE3069283:
+        return None          # not the CRC32C this fake needs: do not use it
+    return fn
+
+
+_ISAL_CRC = _load_isal()
+ISAL_MIN = 64 * 1024           # smaller buffers: the Python module is as fast
+ISAL_STEP = 1 << 30            # crc32_iscsi's length is an int
+if _ISAL_CRC is not None:
+    CRC32C_IMPL = "ISA-L crc32_iscsi (libisal2, GIL released), " + CRC32C_IMPL
+
+
+def _crc32c(data, value=0):
+    """CRC32C of data continuing from value (the CRC of what came before)."""
+    n = len(data) if not isinstance(data, memoryview) else data.nbytes
+    if _ISAL_CRC is None or n < ISAL_MIN:
+        return _crc32c_py(data, value)
+    try:
+        buf = (ctypes.c_char * n).from_buffer(data)
+    except (TypeError, ValueError):    # read-only or not contiguous bytes
+        return _crc32c_py(data, value)
+    try:
+        addr, reg = ctypes.addressof(buf), value ^ 0xFFFFFFFF
+        for off in range(0, n, ISAL_STEP):
+            reg = _ISAL_CRC(addr + off, min(ISAL_STEP, n - off), reg)
+        return reg ^ 0xFFFFFFFF
+    finally:
+        del buf              # the export must end before the buffer is freed
+
 
 CONTROL = "/_fake/"
 JSON_PREFIX = "/storage/v1"
@@ -245,11 +294,11 @@ class _StreamHash:
     large buffers), so it overlaps with the next socket read and CRC.
     """
 
-    def __init__(self, threaded=False):
-        self.md5 = hashlib.md5()
+    def __init__(self, threaded=False, md5=True):
+        self.md5 = hashlib.md5() if md5 else None
         self.crc = 0
         self._queue = self._worker = None
-        if threaded:
+        if threaded and md5:
             self._queue = queue.SimpleQueue()
             self._worker = threading.Thread(target=self._run, daemon=True,
                                             name="fake-gcs-md5")
@@ -273,7 +322,8 @@ class _StreamHash:
         if self._worker is not None:
             self._queue.put((view, release))
             return
-        self.md5.update(view)
+        if self.md5 is not None:
+            self.md5.update(view)
         if release is not None:
             release()
 
@@ -286,7 +336,9 @@ class _StreamHash:
         return self
 
     def b64(self):
-        return _crc_b64(self.crc), _b64(self.md5.digest())
+        """(crc32c, md5Hash) in base64; md5Hash None without MD5."""
+        return _crc_b64(self.crc), (None if self.md5 is None
+                                    else _b64(self.md5.digest()))
 
 
 class _SessionHash:
@@ -304,7 +356,8 @@ class _SessionHash:
     IDLE = 1.0
     INLINE_MAX = 64 * 1024     # hashed at once when no thread is running
 
-    def __init__(self):
+    def __init__(self, md5=True):
+        self._off = not md5        # md5=False: no MD5, digest() is None
         self._md5 = hashlib.md5()
         self._mark = self._cut = None
         self._queue = queue.SimpleQueue()
@@ -312,6 +365,10 @@ class _SessionHash:
         self._running = False
 
     def _submit(self, op, arg=None, size=0):
+        if self._off:
+            if op == "data" and arg[1] is not None:
+                arg[1]()               # nothing to hash: release at once
+            return
         with self._lock:
             if not self._running and size <= self.INLINE_MAX:
                 self._do(op, arg)
@@ -367,6 +424,8 @@ class _SessionHash:
         self._submit("settle", outcome)
 
     def digest(self):
+        if self._off:
+            return None
         done = threading.Event()
         self._submit("barrier", done)
         done.wait()
@@ -419,13 +478,13 @@ class _ChunkHash:
         return self
 
 
-def _hashes(data):
+def _hashes(data, md5=True):
     """(crc32c, md5Hash) of data (bytes-like or _Data), base64 of the
-    big-endian digests."""
+    big-endian digests; md5Hash None when md5 is False."""
     views = data.views(block=IO_BLOCK) if isinstance(data, _Data) \
         else [memoryview(data)[i:i + IO_BLOCK]
               for i in range(0, len(data), IO_BLOCK)]
-    h = _StreamHash(threaded=len(data) >= PARALLEL_HASH_MIN)
+    h = _StreamHash(threaded=len(data) >= PARALLEL_HASH_MIN, md5=md5)
     for view in views:
         h.feed(view)
     return h.finish().b64()
@@ -548,6 +607,10 @@ def _verify(expected, crc, md5):
         raise GcsError(400, f'Provided CRC32C "{exp}" doesn\'t match '
                             f'calculated CRC32C "{crc}".')
     exp = expected.get("md5")
+    if exp is not None and md5 is None:
+        raise GcsError(400, "fake-gcs runs without MD5 (md5=False, serve "
+                            "--no-md5): it cannot check the MD5 hash given; "
+                            "send crc32c instead.")
     if exp is not None and exp != md5:
         raise GcsError(400, f'Provided MD5 hash "{exp}" doesn\'t match '
                             f'calculated MD5 hash "{md5}".')
@@ -1061,13 +1124,18 @@ class FakeGcsServer:
     """In-process fake GCS JSON API server. Thread-safe."""
 
     def __init__(self, host="127.0.0.1", port=0, buckets=(),
-                 require_token=None, fine_grained_buckets=(), sink=False):
+                 require_token=None, fine_grained_buckets=(), sink=False,
+                 md5=True):
         """sink=True: uploads keep only size, crc32c, md5Hash and generation
         (downloads of such objects are a 501 naming the option); for
-        benchmarks that only upload."""
+        benchmarks that only upload. md5=False: no MD5 is computed, so no
+        object has md5Hash (as composite objects do not) and an MD5 a
+        client gives is refused with a 400 (it cannot be checked); for
+        benchmarks where the fake's own MD5 would be the bottleneck."""
         self.host = host
         self.port = port
         self.sink = bool(sink)
+        self.md5 = bool(md5)
         self._pool = _BlockPool()
         # Upload buffers alive, counted by their finalizers. Not under
         # self._lock (a buffer is often freed while that is held); an RLock
@@ -1165,7 +1233,7 @@ class FakeGcsServer:
         if len(view):
             buf[:] = view
         data = _Data([memoryview(buf)])
-        crc, md5 = _hashes(data)
+        crc, md5 = _hashes(data, self.md5)
         fields = {"metadata": dict(metadata)} if metadata else {}
         try:
             _check_name(name)
@@ -1579,7 +1647,8 @@ class FakeGcsServer:
         if route.kind == "media":
             n = _content_length(headers)
             return _Intake(self, keep=not self.sink, hasher=_StreamHash(
-                threaded=n is None or n >= PARALLEL_HASH_MIN)), None
+                threaded=n is None or n >= PARALLEL_HASH_MIN,
+                md5=self.md5)), None
         if route.kind == "chunk":
             plan = self._chunk_plan(route, method, path, headers)
             return _Intake(self, keep=not self.sink, hasher=(
@@ -1859,7 +1928,7 @@ class FakeGcsServer:
         self._check_acl(b, req.query, meta)
         pre = _preconditions(req.query)
         expected.update(_goog_hash(req.headers))
-        crc, md5 = _hashes(data)
+        crc, md5 = _hashes(data, self.md5)
         _verify(expected, crc, md5)
         ctype = (meta.get("contentType") or data_headers.get("content-type")
                  or "application/octet-stream")
@@ -1895,7 +1964,7 @@ class FakeGcsServer:
                           or "application/octet-stream")
         s.fields, s.expected, s.pre, s.total = fields, expected, pre, total
         s.parts = None if self.sink else []
-        s.persisted, s.hash, s.crc, s.streaming = 0, _SessionHash(), 0, None
+        s.persisted, s.hash, s.crc, s.streaming = 0, _SessionHash(self.md5), 0, None
         s.state, s.result, s.error = "open", None, None
         s.lock = threading.Lock()
         s.created = time.time()
@@ -1981,7 +2050,8 @@ class FakeGcsServer:
                            headers=[("X-GUploader-UploadID", s.id)])
 
     def _finalize(self, s, req):
-        crc, md5 = _crc_b64(s.crc), _b64(s.hash.digest())
+        digest = s.hash.digest()
+        crc, md5 = _crc_b64(s.crc), None if digest is None else _b64(digest)
         try:
             expected = dict(s.expected)
             expected.update(_goog_hash(req.headers))
@@ -2932,14 +3002,15 @@ def _serve(args):
         srv = FakeGcsServer(args.host, args.port, buckets=args.bucket,
                             require_token=args.require_token,
                             fine_grained_buckets=args.fine_grained_bucket,
-                            sink=args.sink)
+                            sink=args.sink, md5=not args.no_md5)
         srv.start()
     except (FakeError, OSError) as e:
         print(f"fake-gcs: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"fake-gcs listening on {args.host}:{srv.port} "
           f"(STORAGE_EMULATOR_HOST={srv.base_url})"
-          + (" as an upload sink" if srv.sink else ""), flush=True)
+          + (" as an upload sink" if srv.sink else "")
+          + (" without MD5" if not srv.md5 else ""), flush=True)
     if args.port_file:
         _write_atomic(args.port_file, f"{srv.port}\n")
     signal.sigwait(sigs)
@@ -3079,6 +3150,10 @@ def main(argv=None):
                    help="keep no uploaded bytes, only size, crc32c, "
                         "md5Hash and generation (for upload benchmarks; "
                         "downloads of such objects answer 501)")
+    s.add_argument("--no-md5", action="store_true",
+                   help="compute no MD5: objects have no md5Hash, and an "
+                        "MD5 a client sends is refused with 400 (for "
+                        "benchmarks: MD5 is most of the fake's CPU)")
     c = sub.add_parser("ctl", help="talk to a running fake's control API")
     c.add_argument("--host", default="127.0.0.1")
     c.add_argument("--port", type=int, required=True)

@@ -16,6 +16,7 @@ ci) and is skipped, saying why, without node or the module.
 """
 
 import base64
+import ctypes.util
 import hashlib
 import http.client
 import importlib.util
@@ -98,11 +99,12 @@ class Response:
 class GcsTestCase(unittest.TestCase):
     require_token = None
     sink = False
+    md5 = True
 
     def setUp(self):
         self.srv = FakeGcsServer(buckets=[BUCKET],
                                  require_token=self.require_token,
-                                 sink=self.sink)
+                                 sink=self.sink, md5=self.md5)
         self.srv.start()
         self.addCleanup(self.srv.stop)
 
@@ -257,16 +259,18 @@ class TestMediaUpload(GcsTestCase):
     def test_crc32c_module(self):
         """Debian's python3-crc32c is used when it is installed (crcmod is
         the fallback); either way the vectors hold."""
+        impl = fake_gcs.CRC32C_IMPL.split(", ")[-1]
         if importlib.util.find_spec("crc32c") is None:
-            self.assertEqual(fake_gcs.CRC32C_IMPL, "crcmod")
+            self.assertEqual(impl, "crcmod")
         else:
-            self.assertTrue(fake_gcs.CRC32C_IMPL.startswith("python3-crc32c"))
-        # The fallback, with crc32c made unimportable.
+            self.assertTrue(impl.startswith("python3-crc32c"), impl)
+        # The fallback, with crc32c made unimportable (and ISA-L off).
         p = subprocess.run([PYTHON, "-c", "import sys; sys.modules['crc32c'] "
                             "= None; import fake_gcs as f; print(f.CRC32C_IMPL,"
                             " f._crc32c(b'6789', f._crc32c(b'12345')))"],
                            cwd=HERE, capture_output=True, text=True,
-                           timeout=20)
+                           timeout=20, env=dict(os.environ,
+                                                FAKE_GCS_NO_ISAL="1"))
         self.assertEqual(p.stdout.split(), ["crcmod", str(0xE3069283)],
                          p.stderr)
         self.assertEqual(fake_gcs._crc32c(b"123456789"), 0xE3069283)
@@ -277,6 +281,31 @@ class TestMediaUpload(GcsTestCase):
             _crc32c_int(a), _crc32c_int(b), len(b)), _crc32c_int(a + b))
         self.assertEqual(fake_gcs._crc32c_combine(0, _crc32c_int(b), len(b)),
                          _crc32c_int(b))
+
+    def test_isal_crc32c(self):
+        """With Debian's libisal2 installed, big writable buffers are
+        hashed by ISA-L (off the GIL); every size, start value, read-only
+        and sliced buffer gives crcmod's answer."""
+        if ctypes.util.find_library("isal") is None:
+            self.skipTest("libisal2 is not installed (scripts/install-deps.sh"
+                          " installs it)")
+        self.assertTrue(fake_gcs.CRC32C_IMPL.startswith("ISA-L"),
+                        fake_gcs.CRC32C_IMPL)
+        big = bytearray(pattern(3 * MIB + 17, 5))
+        for n in (0, 1, 9, 65535, 65536, 65537, MIB, 3 * MIB + 17):
+            want = _crc32c_int(bytes(big[:n]))
+            view = memoryview(big)[:n]
+            self.assertEqual(fake_gcs._crc32c(view), want, n)
+            self.assertEqual(fake_gcs._crc32c(bytes(view)), want, n)
+            self.assertEqual(fake_gcs._crc32c(view.toreadonly()), want, n)
+            # Continued from the CRC of what came before, at an odd offset.
+            head = _crc32c_int(b"prefix")
+            self.assertEqual(fake_gcs._crc32c(memoryview(big)[3:3 + n], head),
+                             _crc32c_int(b"prefix" + bytes(big[3:3 + n])), n)
+        # The buffer is not left exported: once this test's own view is
+        # gone, it can be resized.
+        view.release()
+        big.extend(b"x")
 
     def test_known_crc32c_vector(self):
         o = self.media("v", b"123456789").json()
@@ -2000,8 +2029,9 @@ class UploadHashing:
     the bytes kept and in sink mode (TestHashingKept, TestHashingSink)."""
 
     def assertDigests(self, res, data):
-        self.assertEqual((res["size"], res["crc32c"], res["md5Hash"]),
-                         (str(len(data)), crc32c_b64(data), md5_b64(data)))
+        self.assertEqual((res["size"], res["crc32c"], res.get("md5Hash")),
+                         (str(len(data)), crc32c_b64(data),
+                          md5_b64(data) if self.md5 else None))
         if not self.sink:
             self.assertEqual(self.srv.get_object_bytes(BUCKET, res["name"]),
                              data)
@@ -2087,6 +2117,44 @@ class TestHashingKept(UploadHashing, GcsTestCase):
 
 class TestHashingSink(UploadHashing, GcsTestCase):
     sink = True
+
+
+class TestHashingSinkNoMd5(UploadHashing, GcsTestCase):
+    sink = True
+    md5 = False
+
+
+class TestNoMd5(GcsTestCase):
+    """md5=False: no MD5 anywhere; an MD5 given cannot be checked, so it is
+    refused rather than taken on trust. CRC32C is checked as ever."""
+    md5 = False
+
+    def test_objects_have_no_md5_and_crc32c_is_still_checked(self):
+        data = pattern(5 * MIB + 3, 21)
+        res = self.media("m", data).json()
+        self.assertNotIn("md5Hash", res)
+        self.assertEqual(res["crc32c"], crc32c_b64(data))
+        self.assertEqual(self.srv.get_object_bytes(BUCKET, "m"), data)
+        self.srv.put_object(BUCKET, "seeded", b"abc")
+        self.assertNotIn("md5Hash", self.request(
+            "GET", self.obj_path("seeded")).json())
+        self.assertGcsError(self.media("bad", data, headers={
+            "x-goog-hash": "crc32c=" + crc32c_b64(b"other")}), 400)
+        self.assertEqual([o["name"] for o in self.srv.objects(BUCKET)],
+                         ["m", "seeded"])
+
+    def test_an_md5_given_is_refused(self):
+        err = self.assertGcsError(self.media("h", b"abc", headers={
+            "x-goog-hash": "md5=" + md5_b64(b"abc")}), 400)
+        self.assertIn("--no-md5", err["message"])
+        body = (b'--b\r\n\r\n{"name":"mp","md5Hash":"' + md5_b64(b"xyz")
+                .encode() + b'"}\r\n--b\r\n\r\nxyz\r\n--b--')
+        self.assertGcsError(self.request(
+            "POST", "/upload/storage/v1/b/ckpt/o?uploadType=multipart", body,
+            {"Content-Type": "multipart/related; boundary=b"}), 400)
+        uri = self.start_resumable("r", meta={"md5Hash": md5_b64(b"12")})
+        self.assertGcsError(self.chunk(uri, b"12", "bytes 0-1/2"), 400)
+        self.assertEqual(self.srv.objects(BUCKET), [])
 
 
 class TestMemory(GcsTestCase):
