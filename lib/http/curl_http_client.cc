@@ -101,6 +101,10 @@ class CurlHttpClient final : public HttpClient {
     BodyTarget target{&response, &request};
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &OnBody);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &target);
+    // A streamed body (a download) comes in pieces of up to this: 256 KiB
+    // instead of libcurl's 16 KiB default, 16 times fewer callbacks and
+    // reads. Only for these: curl_easy_reset puts it back for the rest.
+    if (request.on_body) curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 256L << 10);
     if (request.low_speed_limit > 0) {
       curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, request.low_speed_limit);
       curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);

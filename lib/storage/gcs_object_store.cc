@@ -163,29 +163,21 @@ class GcsObjectStore final : public ObjectStore {
       counted = 0;
       Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
       if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
-      std::uint32_t crc = 0;
-      std::uint64_t size = 0;
-      Status write_error;
+      FileWriter w(f.fd, path, size_hint, ctx, counted);
       HttpRequest req = Request("GET", ObjectUrl(name) + "?alt=media");
       req.timeout = std::chrono::hours(24);  // bounded by low_speed_limit instead
       req.low_speed_limit = 1024;
-      req.on_body = [&](std::string_view chunk) {
-        crc = Crc32cExtend(crc, chunk);
-        write_error = WriteAt(f.fd, size, chunk, path);
-        size += chunk.size();
-        counted += chunk.size();
-        ctx.Moved(static_cast<std::int64_t>(chunk.size()));
-        return write_error.ok();
-      };
+      req.on_body = [&w](std::string_view chunk) { return w.Feed(chunk); };
       auto r = Perform(req, ctx);
       // Disk full is the user's problem to fix, not the network's: no retry.
-      if (!write_error.ok()) return write_error;
+      if (!w.error.ok()) return w.error;
       if (!r.ok()) return r.status();
       if (r->status != 200) return HttpError(*r, "downloading " + Url(name), BucketUrl());
-      auto checked = CheckHash(*r, crc, name);
+      if (auto st = w.Finish(); !st.ok()) return st;
+      auto checked = CheckHash(*r, w.crc, name);
       if (!checked.ok()) return checked.status();
       if (fsync(f.fd) != 0) return ErrnoToStatus(errno, "flushing " + path);
-      return ObjectInfo{name, HeaderGeneration(*r), size, crc};
+      return ObjectInfo{name, HeaderGeneration(*r), w.size, w.crc};
     });
   }
 
@@ -584,7 +576,7 @@ class GcsObjectStore final : public ObjectStore {
       std::uint64_t got = 0;
     };
     std::vector<Range> ranges(n);
-    std::mutex mu;
+    std::mutex mu, file_mu;
     std::int64_t generation = 0;  // from the first range
     std::optional<std::uint32_t> whole_crc;
     auto fetch = [&](std::size_t i) -> Status {
@@ -605,7 +597,7 @@ class GcsObjectStore final : public ObjectStore {
         req.timeout = std::chrono::hours(24);  // bounded by low_speed_limit instead
         req.low_speed_limit = 1024;
         const std::string where = Url(name);
-        RangeWriter r{f.fd, first, last - first + 1, path, where, ctx, counted};
+        RangeWriter r{f.fd, first, last - first + 1, path, where, ctx, counted, &file_mu};
         req.on_body = [&r](std::string_view chunk) { return r.Feed(chunk); };
         auto resp = Send(req, ctx);
         if (!r.error.ok()) return r.error;

@@ -111,24 +111,16 @@ class S3ObjectStore final : public ObjectStore {
       counted = 0;
       Fd f{open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
       if (f.fd < 0) return ErrnoToStatus(errno, "creating " + path);
-      std::uint32_t crc = 0;
-      std::uint64_t size = 0;
-      Status write_error;
-      auto on_body = [&](std::string_view chunk) {
-        crc = Crc32cExtend(crc, chunk);
-        write_error = WriteAt(f.fd, size, chunk, path);
-        size += chunk.size();
-        counted += chunk.size();
-        ctx.Moved(static_cast<std::int64_t>(chunk.size()));
-        return write_error.ok();
-      };
+      FileWriter w(f.fd, path, size_hint, ctx, counted);
+      auto on_body = [&w](std::string_view chunk) { return w.Feed(chunk); };
       auto r = Call("GET", Key(name), "", {{"x-amz-checksum-mode", "ENABLED"}}, "", ctx, on_body);
-      if (!write_error.ok()) return write_error;
+      if (!w.error.ok()) return w.error;
       if (!r.ok()) return r.status();
       if (r->status != 200) return Error(*r, "downloading " + Url(name), "s3:GetObject");
-      if (auto s = CheckCrc(*r, crc, name); !s.ok()) return s;
+      if (auto s = w.Finish(); !s.ok()) return s;
+      if (auto s = CheckCrc(*r, w.crc, name); !s.ok()) return s;
       if (fsync(f.fd) != 0) return ErrnoToStatus(errno, "flushing " + path);
-      return ObjectInfo{name, Learn(r->Header("etag")), size, crc};
+      return ObjectInfo{name, Learn(r->Header("etag")), w.size, w.crc};
     });
   }
 
@@ -554,7 +546,7 @@ class S3ObjectStore final : public ObjectStore {
       std::uint64_t got = 0;
     };
     std::vector<Range> ranges(n);
-    std::mutex mu;
+    std::mutex mu, file_mu;
     std::string etag;
     auto fetch = [&](std::size_t i) -> Status {
       std::uint64_t first = i * part, last = std::min(size, first + part) - 1;
@@ -570,7 +562,7 @@ class S3ObjectStore final : public ObjectStore {
           if (!etag.empty()) h.emplace_back("If-Match", "\"" + etag + "\"");
         }
         const std::string where = Url(name);
-        RangeWriter rg{f.fd, first, last - first + 1, path, where, ctx, counted};
+        RangeWriter rg{f.fd, first, last - first + 1, path, where, ctx, counted, &file_mu};
         auto on_body = [&rg](std::string_view chunk) { return rg.Feed(chunk); };
         auto r = Call("GET", Key(name), "", h, "", ctx, on_body);
         if (!rg.error.ok()) return rg.error;

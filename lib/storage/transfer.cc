@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "common/strings.h"
 #include "storage/crc32c.h"
@@ -54,14 +55,58 @@ StatusOr<int> CreateForRanges(const std::string& path, std::uint64_t size) {
   return fd;
 }
 
+BlockWriter::BlockWriter(int fd, std::uint64_t offset, const std::string& path, std::uint64_t expected,
+                         std::mutex* file_mu)
+    : fd_(fd),
+      next_(offset),
+      path_(path),
+      file_mu_(file_mu),
+      cap_(expected == 0 ? std::size_t{1} << 20
+                         : static_cast<std::size_t>(std::clamp<std::uint64_t>(expected, 64 << 10, kMaxBlock))) {}
+
+Status BlockWriter::Write(std::string_view data) {
+  while (!data.empty()) {
+    // Not value-initialised: every byte is copied in before it is written.
+    if (!buf_) buf_.reset(new char[cap_]);
+    std::size_t n = std::min(cap_ - fill_, data.size());
+    std::memcpy(buf_.get() + fill_, data.data(), n);
+    fill_ += n;
+    data.remove_prefix(n);
+    if (fill_ == cap_) {
+      if (auto s = Flush(); !s.ok()) return s;
+    }
+  }
+  return OkStatus();
+}
+
+Status BlockWriter::Flush() {
+  if (fill_ == 0) return OkStatus();
+  std::unique_lock<std::mutex> lk;
+  if (file_mu_) lk = std::unique_lock<std::mutex>(*file_mu_);
+  auto s = WriteAt(fd_, next_, std::string_view(buf_.get(), fill_), path_);
+  next_ += fill_;
+  fill_ = 0;
+  return s;
+}
+
 bool RangeWriter::Feed(std::string_view chunk) {
   if (got + chunk.size() > length) {
     error = UnavailableError("downloading " + what + ": more bytes than the range asked for");
     return false;
   }
   crc = Crc32cExtend(crc, chunk);
-  error = WriteAt(fd, first + got, chunk, path);
+  error = out.Write(chunk);
   got += chunk.size();
+  counted += chunk.size();
+  ctx.Moved(static_cast<std::int64_t>(chunk.size()));
+  if (error.ok() && got == length) error = out.Flush();
+  return error.ok();
+}
+
+bool FileWriter::Feed(std::string_view chunk) {
+  crc = Crc32cExtend(crc, chunk);
+  error = out.Write(chunk);
+  size += chunk.size();
   counted += chunk.size();
   ctx.Moved(static_cast<std::int64_t>(chunk.size()));
   return error.ok();
