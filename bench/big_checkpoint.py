@@ -42,6 +42,7 @@ import time
 
 import benchlib as B
 import sync_vs_rclone as S
+import fake_gcs  # on sys.path through sync_vs_rclone's benchlib
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -92,6 +93,35 @@ def sink(b, sizes, streams_list, results):
               flush=True)
         b.delete_prefix("sink/")
         os.unlink(src)
+
+
+def warm_memory(work, nbytes):
+    """Write nbytes of zeros to a scratch file and delete it, so that the
+    next process to fill the page cache gets pages this VM has just used.
+    Here (a VM with a free-page-reporting balloon) memory freed for more
+    than a few seconds goes back to the host, and the first write to it
+    again costs ~2.5 s of CPU per GiB, against ~0.2 s for pages just freed
+    (dd of 4 GiB: 8-11 s cold, 0.7-1.0 s warm). Without this, a restore's
+    time says more about what ran before it than about the tool."""
+    path = os.path.join(work, "warm.scratch")
+    block = bytes(4 * MiB)
+    with open(path, "wb") as f:
+        for _ in range(-(-nbytes // len(block))):
+            f.write(block)
+    os.unlink(path)        # dirty and deleted: dropped, never written back
+
+
+def fsync_tree(d):
+    """fsync every file under d; seconds taken (what making rclone's copy
+    durable costs on top of its wall time)."""
+    t0 = time.monotonic()
+    for rel in S.tree(d):
+        fd = os.open(os.path.join(d, rel), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return time.monotonic() - t0
 
 
 def spotvisor_sets(parallelism):
@@ -158,6 +188,7 @@ def report(s, par):
           f"{s.requests()} requests, tool CPU {s.client_cpu or 0:.2f} s"
           + (f" ({cpu_gib:.2f} s/GiB)" if cpu_gib is not None else "")
           + f", fake CPU {s.fake_cpu or 0:.2f} s"
+          + (f", then fsync {s.fsync_s:.2f} s" if getattr(s, "fsync_s", None) is not None else "")
           + (f"  PROBLEM: {s.problem} (log {s.log})" if s.problem else ""), flush=True)
 
 
@@ -167,7 +198,8 @@ def row(s, par, rflags):
             "rclone_flags": rflags, "wall_s": s.wall_s, "own_s": s.own_s, "payload": s.payload,
             "mib_s": s.payload / MiB / s.wall_s if s.wall_s else None,
             "tool_cpu_s": s.client_cpu, "tool_cpu_s_per_gib": s.client_cpu / gib if gib and s.client_cpu else None,
-            "fake_cpu_s": s.fake_cpu, "requests": s.requests(), "hits": s.hits, "problem": s.problem}
+            "fake_cpu_s": s.fake_cpu, "requests": s.requests(), "hits": s.hits, "problem": s.problem,
+            "fsync_s": getattr(s, "fsync_s", None)}
 
 
 def summary(results):
@@ -190,9 +222,15 @@ def summary(results):
             print(f"  {sc:8} {label:14} {wall:8.2f} s {mibs:8.0f} MiB/s  tool CPU {cpu:.2f} s/GiB"
                   + (f"  rclone flags: {' '.join(rs[0]['rclone_flags'])}" if rs[0]["rclone_flags"] else ""))
         rc = table.get((sc, "rclone"))
+        synced = [x["wall_s"] + x["fsync_s"] for x in by.get("rclone", []) if x.get("fsync_s") is not None]
+        rcs = statistics.median(synced) if synced else None
+        if rcs:
+            print(f"  {sc:8} {'rclone + fsync':14} {rcs:8.2f} s {by['rclone'][0]['payload'] / MiB / rcs:8.0f} MiB/s"
+                  "  (its files made durable, as spotvisor's are)")
         for label in by:
             if label != "rclone" and rc:
-                print(f"  {sc:8} {label:14} rclone/spotvisor throughput: {rc / table[(sc, label)]:.2f}x")
+                print(f"  {sc:8} {label:14} rclone/spotvisor throughput: {rc / table[(sc, label)]:.2f}x"
+                      + (f", against rclone + fsync {rcs / table[(sc, label)]:.2f}x" if rcs else ""))
 
 
 def main():
@@ -211,6 +249,13 @@ def main():
     ap.add_argument("--sink", action="store_true",
                     help="run the fake as a sink (keeps no uploaded bytes: tests/fakes/README.md): uploads only, "
                          "so the fake's hashing and storing costs less and the tools' own speed shows")
+    ap.add_argument("--cold", action="store_true",
+                    help="do not warm memory before each restore (see warm_memory: the first tool to fill the "
+                         "page cache after a pause pays ~2.5 s/GiB more on this VM)")
+    ap.add_argument("--md5", action="store_true",
+                    help="let the fake compute MD5 (md5Hash) as Cloud Storage does; by default it runs with "
+                         "md5=False, since MD5 (~1.4 CPU s/GiB, one core per stream) is most of what it costs to "
+                         "take an upload and neither tool needs it")
     B.add_binary_flags(ap)
     args = ap.parse_args()
     B.check_binaries(args)
@@ -226,7 +271,7 @@ def main():
         bad = set(args.only or ()) - {"sink", "upload", "mixed"}
         if bad or not args.only:
             sys.exit("bench: --sink measures uploads only: give --only with sink, upload and/or mixed")
-    gcs = S.FakeGcsServer(buckets=[BUCKET], sink=args.sink).start()
+    gcs = S.FakeGcsServer(buckets=[BUCKET], sink=args.sink, md5=args.md5).start()
     md = B.FakeMetadataServer().start()
     b = S.Bench(args, work, gcs, md)
     b.gcs_sink = args.sink
@@ -235,7 +280,9 @@ def main():
           f"sync-parallelism {args.parallelism}, other settings default")
     print(f"rclone: {args.rclone} ({rversion})")
     print(f"data in {work} ({B.fs_type(work)}); fake GCS on 127.0.0.1:{gcs.port}"
-          + (" as a sink (uploads kept as size and hashes only)" if args.sink else ""), flush=True)
+          + (" as a sink (uploads kept as size and hashes only)" if args.sink else "")
+          + (", with MD5" if args.md5 else ", without MD5 (md5=False)") + f"; CRC32C: {fake_gcs.CRC32C_IMPL}",
+          flush=True)
     groups = args.only or ("sink", "upload", "restore", "mixed")
     results, tuned = [], {}
     try:
@@ -254,15 +301,17 @@ def main():
             up_flags, tuned["upload"] = tune_rclone(
                 b, small, [["--transfers", str(t)] for t in (4, 8, 16)], "upload",
                 lambda f: ["copy", small, b.remote("tune")] + f)
-            b.rclone(S.Sample("rclone", "tune-seed", 0), ["copy", small, b.remote("tune-src")])
             dst = os.path.join(work, "tune-dst")
-            def down(f):
-                shutil.rmtree(dst, True)
-                return ["copy", b.remote("tune-src"), dst, "--multi-thread-cutoff", "64M"] + f
-            down_flags, tuned["restore"] = tune_rclone(
-                b, small, [["--multi-thread-streams", str(t)] for t in (4, 8, 16)], "restore", down)
-            down_flags += ["--multi-thread-cutoff", "64M"]
-            b.delete_prefix("rclone/tune-src/")
+            if "restore" in groups:    # never with --sink: a sink serves no bytes
+                b.rclone(S.Sample("rclone", "tune-seed", 0), ["copy", small, b.remote("tune-src")])
+
+                def down(f):
+                    shutil.rmtree(dst, True)
+                    return ["copy", b.remote("tune-src"), dst, "--multi-thread-cutoff", "64M"] + f
+                down_flags, tuned["restore"] = tune_rclone(
+                    b, small, [["--multi-thread-streams", str(t)] for t in (4, 8, 16)], "restore", down)
+                down_flags += ["--multi-thread-cutoff", "64M"]
+                b.delete_prefix("rclone/tune-src/")
             shutil.rmtree(small, True)
             shutil.rmtree(dst, True)
         if "upload" in groups or "restore" in groups:
@@ -271,6 +320,8 @@ def main():
             last = args.repeat - 1
             par = args.parallelism[-1]
             src_run = f"upload-{last}-{par}"
+            if not args.cold:
+                b.before_run = lambda: warm_memory(work, sizes["big"])
             for rep in range(args.repeat):
                 for tool in S.order(rep):
                     runs = [("spotvisor", p) for p in args.parallelism] if tool == "spotvisor" else [("rclone", None)]
@@ -289,11 +340,14 @@ def main():
                                 s.problem = f"restore moved {e.get('bytes')} bytes"
                         else:
                             b.rclone(s, ["copy", b.remote(f"upload-{last}"), dst] + down_flags)
+                            # spotvisor fsyncs what it restores before using it; rclone does not.
+                            s.fsync_s = fsync_tree(dst)
                         if not s.problem and S.same_tree(big, dst):
                             s.problem = f"restored tree differs: {S.same_tree(big, dst)}"
                         report(s, p)
                         results.append(row(s, p, down_flags if t == "rclone" else None))
                         shutil.rmtree(dst, True)
+            b.before_run = None
         b.delete_prefix(f"{PREFIX}/")
         b.delete_prefix("rclone/")
         shutil.rmtree(big, True)
