@@ -95,14 +95,19 @@ def sink(b, sizes, streams_list, results):
         os.unlink(src)
 
 
-def warm_memory(work, nbytes):
-    """Write nbytes of zeros to a scratch file and delete it, so that the
-    next process to fill the page cache gets pages this VM has just used.
-    Here (a VM with a free-page-reporting balloon) memory freed for more
-    than a few seconds goes back to the host, and the first write to it
-    again costs ~2.5 s of CPU per GiB, against ~0.2 s for pages just freed
-    (dd of 4 GiB: 8-11 s cold, 0.7-1.0 s warm). Without this, a restore's
-    time says more about what ran before it than about the tool."""
+def warm_memory(work, nbytes, settle_s):
+    """Let memory settle, then write nbytes of zeros to a scratch file and
+    delete it, so that the next process to fill the page cache gets pages
+    this VM has just used. Here (a VM with a free-page-reporting balloon)
+    memory freed for more than ~2 s goes back to the host, and the first
+    write to it again costs ~2.5 s of CPU per GiB, against ~0.2 s for pages
+    just freed (dd of 4 GiB: 8-11 s cold, 0.7-1.0 s warm). The pause comes
+    first: without it the 4 GiB the previous run freed were handed back
+    during the next restore, which then ran at half speed (a loop of six
+    restores: 1.4, 1.5, then ~3 s each; with the pause, 1.38-1.46 s all).
+    Without any of this, a restore's time says more about what ran before
+    it than about the tool."""
+    time.sleep(settle_s)
     path = os.path.join(work, "warm.scratch")
     block = bytes(4 * MiB)
     with open(path, "wb") as f:
@@ -252,6 +257,9 @@ def main():
     ap.add_argument("--cold", action="store_true",
                     help="do not warm memory before each restore (see warm_memory: the first tool to fill the "
                          "page cache after a pause pays ~2.5 s/GiB more on this VM)")
+    ap.add_argument("--settle", type=float, default=5.0,
+                    help="seconds to let memory settle before warming it for a restore (default 5: see "
+                         "warm_memory)")
     ap.add_argument("--md5", action="store_true",
                     help="let the fake compute MD5 (md5Hash) as Cloud Storage does; by default it runs with "
                          "md5=False, since MD5 (~1.4 CPU s/GiB, one core per stream) is most of what it costs to "
@@ -321,7 +329,7 @@ def main():
             par = args.parallelism[-1]
             src_run = f"upload-{last}-{par}"
             if not args.cold:
-                b.before_run = lambda: warm_memory(work, sizes["big"])
+                b.before_run = lambda: warm_memory(work, sizes["big"], args.settle)
             for rep in range(args.repeat):
                 for tool in S.order(rep):
                     runs = [("spotvisor", p) for p in args.parallelism] if tool == "spotvisor" else [("rclone", None)]
