@@ -255,8 +255,8 @@ def main():
                     help="run the fake as a sink (keeps no uploaded bytes: tests/fakes/README.md): uploads only, "
                          "so the fake's hashing and storing costs less and the tools' own speed shows")
     ap.add_argument("--cold", action="store_true",
-                    help="do not warm memory before each restore (see warm_memory: the first tool to fill the "
-                         "page cache after a pause pays ~2.5 s/GiB more on this VM)")
+                    help="do not settle and warm memory before each restore (see warm_memory: on this VM, "
+                         "filling the page cache with memory the host took back costs ~2.5 CPU s/GiB more)")
     ap.add_argument("--settle", type=float, default=5.0,
                     help="seconds to let memory settle before warming it for a restore (default 5: see "
                          "warm_memory)")
