@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "process/spawn.h"
+#include "testing/files.h"
 
 namespace spotvisor {
 namespace {
@@ -41,12 +42,7 @@ struct TempDir {
   std::string path;
 };
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testfiles::Read;
 
 void Write(const std::string& path, const std::string& text, mode_t mode = 0644) {
   std::ofstream(path, std::ios::binary) << text;

@@ -4,14 +4,13 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "storage/file_object_store.h"
 #include "sync/manifest.h"
 #include "sync/sync_engine.h"
+#include "testing/files.h"
 
 namespace spotvisor {
 namespace {
@@ -34,17 +33,8 @@ struct Dir {
   std::string root;
 };
 
-void Write(const std::string& path, const std::string& data) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << data;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testfiles::Read;
+using testfiles::Write;
 
 // One rank of a gang: its checkpoint dir, its store (rank-K/ of the run) and
 // its sync engine, as the daemon builds them for gang-checkpoint = all.

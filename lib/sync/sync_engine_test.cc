@@ -7,18 +7,17 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <thread>
 #include <atomic>
 #include <mutex>
 #include <set>
-#include <sstream>
 
 #include "common/random.h"
 #include "common/strings.h"
 #include "output/utf8.h"
 #include "storage/file_object_store.h"
+#include "testing/files.h"
 
 namespace spotvisor {
 namespace {
@@ -135,17 +134,8 @@ struct Dirs {
   std::string root, bucket, ckpt;
 };
 
-void Write(const std::string& path, const std::string& data) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << data;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testfiles::Read;
+using testfiles::Write;
 
 // Makes a file look `age` old on the injected wall clock.
 void Age(const std::string& path, const FakeClock& clock, std::chrono::seconds age) {
