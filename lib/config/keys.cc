@@ -75,7 +75,8 @@ const std::vector<KeySpec>& AllKeys() {
        "Files at least this large are uploaded as parts in parallel and composed into one object (a parallel "
        "composite upload), and restored as byte ranges in parallel (0: never)"},
       {"sync-settle", "10s",
-       "A file modified more recently than this is left for the next periodic sync (the trainer may still be writing it)"},
+       "Files changed more recently than this are left for the next periodic sync (a save may still be under way, "
+       "pauses included); framework saves, the completion marker and one-file savers are judged sooner"},
       {"storage-endpoint", "https://storage.googleapis.com",
        "Cloud Storage JSON API endpoint; STORAGE_EMULATOR_HOST overrides it and turns authentication off"},
       {"sync-via", "api",

@@ -896,6 +896,7 @@ void StateMachine::AfterGang(SteadyTime now, std::vector<Action>& out) {
 
 void StateMachine::OnSpawned(const TrainerSpawned& e, SteadyTime now) {
   trainer_pid_ = e.pid;
+  trainer_signal_ = 0;
   trainer_started_ = now;
   trainer_ran_ = true;
   leader_exited_ = false;
@@ -1057,7 +1058,10 @@ void StateMachine::Escalate(SteadyTime now, std::vector<Action>& out, const std:
   if (state_ == State::kStoppingKill) {
     Log(Severity::kError, "trainer.unkillable",
         fmt::format("trainer process group {} did not exit after SIGKILL (stuck in the kernel?); finishing anyway", trainer_pid_));
-    if (!leader_exited_) exit_code_ = 128 + SIGKILL;
+    if (!leader_exited_) {
+      exit_code_ = 128 + SIGKILL;
+      trainer_signal_ = SIGKILL;
+    }
     Finish(now, out);
     return;
   }
@@ -1074,6 +1078,7 @@ void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::
   if (e.pid != trainer_pid_ || leader_exited_) return;
   leader_exited_ = true;
   exit_code_ = e.signal != 0 ? 128 + e.signal : e.exit_code;
+  trainer_signal_ = e.signal;
   nlohmann::json f = {{"pid", e.pid}, {"exit_code", exit_code_}, {"runtime_s", Seconds(now - trainer_started_)}};
   if (e.signal != 0) f["signal"] = SignalName(e.signal);
   if (e.group_remaining > 0) f["group_remaining"] = e.group_remaining;

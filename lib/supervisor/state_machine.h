@@ -251,6 +251,8 @@ class StateMachine {
   int trainer_pid() const { return trainer_pid_; }
   std::optional<EndReason> end_reason() const { return reason_; }
   int exit_code() const { return exit_code_; }
+  // The signal the trainer died of (0: it exited on its own, or never ran).
+  int trainer_signal() const { return trainer_signal_; }
   // 0 while not stopping; else the last signal sent to the trainer.
   int stop_signal() const { return stop_signal_; }
   // True once the group leader is reaped (its group may still have members).
@@ -344,6 +346,7 @@ class StateMachine {
   std::optional<EndReason> reason_;
   int trainer_pid_ = 0;
   int exit_code_ = 0;
+  int trainer_signal_ = 0;
   int stop_signal_ = 0;
   SteadyTime started_{}, trainer_started_{};
   bool trainer_ran_ = false;

@@ -129,7 +129,6 @@ std::string SelfExe() {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("/usr/bin/spotvisor");
 }
 
-
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
@@ -431,6 +430,9 @@ void Supervisor::Execute(const Action& a) {
     sync_timer_.cancel();
     StartSync("final", true, fs->write_done, fs);
   } else if (auto* s = std::get_if<SignalTrainer>(&a)) {
+    // The files the trainer appends to (logs) are known before it stops,
+    // so that its final sync takes them for logs, not for a save cut off.
+    if (s->signo == SIGINT && options_.sync && !trainer_reaped_) options_.sync->RememberLogs();
     // After the leader is reaped the group may live on; killpg still reaches it.
     if (trainer_pid_ > 0 && killpg(trainer_pid_, s->signo) != 0 && errno != ESRCH) {
       logger_.Error("trainer.signal_failed", fmt::format("killpg({}, {}): {}", trainer_pid_, s->signo, std::strerror(errno)));
@@ -851,9 +853,17 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   SyncKind mode = SyncKind::kPeriodic;
   // Before a restart, or after the trainer stopped, nothing is still being
   // written. A trainer that exited 0 (done, or saved on SIGINT and left) is
-  // taken as it is; one that was killed or crashed may have left its last
-  // save half-written, so the marker rule still applies.
-  if (final || kind == "restart") mode = exit_code == 0 ? SyncKind::kCompleted : SyncKind::kStopped;
+  // taken as it is; one that exited on its own with an error is taken as it
+  // is unless the marker shows a save cut off; one that died of a signal
+  // (Python's unhandled KeyboardInterrupt, the ladder's SIGTERM or SIGKILL,
+  // the OOM killer) may have been cut off mid-save, so only the saves that
+  // show they are whole are taken (sync/completeness.h). An exit code of
+  // 130 is a trainer that chose to exit: it finished what it was doing.
+  if (final || kind == "restart") {
+    mode = exit_code == 0                     ? SyncKind::kCompleted
+           : machine_.trainer_signal() != 0 ? SyncKind::kKilled
+                                            : SyncKind::kStopped;
+  }
   SyncOutcome outcome{clock_.Now(), clock_.WallNow(), std::nullopt};
   durability_.SyncInFlight(outcome.started);
   transfer_kind_ = kind;
@@ -978,11 +988,20 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
                  {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
                   {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},
                   {"duration_s", r->seconds}, {"throughput_mbps", mbps}, {"attempts", r->attempts},
-                  {"judged_by", r->judged_by}, {"staged", r->staged}, {"age_s", age["age_s"]},
+                  {"judged_by", r->judged_by}, {"staged", r->staged}, {"age_s", age["age_s"]}, {"left_out", r->left_out},
                   {"uncommitted_files", outcome.uncommitted ? nlohmann::json(outcome.uncommitted->files) : nlohmann::json(nullptr)},
                   {"uncommitted_bytes", outcome.uncommitted ? nlohmann::json(outcome.uncommitted->bytes) : nlohmann::json(nullptr)}});
     last_sync_ = {{"kind", kind}, {"ok", true}, {"sequence", r->sequence}, {"time", FormatRfc3339(clock_.WallNow())},
                   {"files_uploaded", r->files_uploaded}, {"bytes", r->bytes_uploaded}};
+    if (!r->left_out.empty() && final) {
+      std::string what;
+      for (std::size_t i = 0; i < r->left_out.size(); ++i) what += (i ? "; " : "") + r->left_out[i];
+      logger_.Log(LogEvent{Severity::kWarning, "sync.left_out",
+                           fmt::format("{} sync #{} left out {} save(s) that were not whole, which keep their committed "
+                                       "version (or stay out): {}",
+                                       kind, r->sequence, r->left_out.size(), what),
+                           {{"kind", kind}, {"sequence", r->sequence}, {"left_out", r->left_out}}});
+    }
   } else if (r.ok()) {
     // Nothing committed: the tree was mid-save. Not a failure of the sync.
     Severity sev = final ? Severity::kWarning : Severity::kInfo;

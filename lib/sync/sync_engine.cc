@@ -1,4 +1,6 @@
 #include "sync/sync_engine.h"
+#include "sync/completeness.h"
+#include "sync/file_facts.h"
 #include "sync/manifest.h"
 
 #include <dirent.h>
@@ -80,15 +82,8 @@ std::optional<FileStat> LstatRegular(const std::string& path) {
 
 double Since(SteadyTime start, const Clock& clock) { return std::chrono::duration<double>(clock.Now() - start).count(); }
 
-// Temporary names of the common frameworks: what appears under them is a
-// save in progress, renamed into place when complete.
-bool IsInProgressDir(const std::string& name) {
-  return StartsWith(name, "tmp-checkpoint-")                            // Hugging Face Trainer (4.35+)
-         || name.find(".orbax-checkpoint-tmp-") != std::string::npos;  // Orbax / Flax
-}
-bool IsInProgressFile(const std::string& name) {
-  return name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;  // write-then-rename
-}
+using completeness::IsInProgressDir;
+using completeness::IsInProgressFile;
 
 struct ScanEntry {
   std::string rel;
@@ -480,74 +475,6 @@ std::optional<std::int64_t> ObjectSequence(const std::string& name) {
   return static_cast<std::int64_t>(*v);
 }
 
-struct Judgement {
-  bool complete = false;
-  std::string by;   // settle, marker, quiet, final
-  std::string why;  // when not complete
-};
-
-enum class Mode { kPeriodic, kStopped, kCompleted };
-
-Judgement Judge(const Scan& scan, Mode mode, std::int64_t now_ns, const SyncOptions& o) {
-  if (mode == Mode::kCompleted) return {true, "final", ""};
-  auto settle = std::chrono::duration_cast<std::chrono::nanoseconds>(o.settle).count();
-  auto age = now_ns - scan.newest_ns;
-  if (scan.marker) {
-    // File times advance in clock ticks (up to 10 ms): a file as new as the
-    // marker may have been written just before it or just after it (the
-    // next save's O_TRUNC). Only strictly older files are complete by the
-    // marker; a tie counts once the tree has settled, and never for a
-    // trainer that was killed (its last save may be the torn one).
-    // A coarse timestamp may lag a fine-grained one handed out just before
-    // it (multigrain timestamps, Linux 6.13+): a truncation after the marker
-    // can be stamped up to a tick *before* it. So "as new" is a window of
-    // one tick (10 ms) below the marker, not equality.
-    int newer = 0, ties = 0;
-    for (auto const& e : scan.files) {
-      newer += e.st.mtime_ns > scan.marker->mtime_ns;
-      ties += e.st.mtime_ns <= scan.marker->mtime_ns && e.st.mtime_ns > scan.marker->mtime_ns - kTickNs;
-    }
-    // Timestamps alone are not enough: on a busy VM the next save's
-    // O_TRUNC (and its first writes) were seen stamped more than a tick
-    // before the marker they followed (soak: empty files committed as
-    // complete). A file held open for writing is being written, whatever
-    // its time says.
-    if (newer == 0 && ties == 0) {
-      if (o.check_open_files && mode == Mode::kPeriodic && AnyFileOpenForWriting(o.checkpoint_dir)) {
-        return {false, "", fmt::format("a file is open for writing though none is newer than {}: the trainer is "
-                                       "writing a checkpoint",
-                                       kCompleteMarker)};
-      }
-      return {true, "marker", ""};
-    }
-    // A tie is settled only after sync-settle and at least 2 s (a zero
-    // sync-settle must not turn every tie into a commit) with nothing open
-    // for writing.
-    auto floor = std::max<std::int64_t>(settle, 2'000'000'000);
-    if (newer == 0 && mode == Mode::kPeriodic && age >= floor &&
-        (!o.check_open_files || !AnyFileOpenForWriting(o.checkpoint_dir))) {
-      return {true, "settle", ""};
-    }
-    if (newer > 0) {
-      return {false, "", fmt::format("{} file(s) are newer than {}: the trainer is writing a checkpoint", newer, kCompleteMarker)};
-    }
-    return {false, "", fmt::format("{} file(s) are as new as {} (the same clock tick): written just before it or just "
-                                   "after it cannot be told apart; `spotvisor checkpoint --done` waits out the tick",
-                                   ties, kCompleteMarker)};
-  }
-  if (mode == Mode::kStopped) return {true, "final", ""};
-  // sync-settle = 0 asks for no wait, not for files caught mid-write: an
-  // in-place save written in slices is torn between two of them. With no
-  // settle time to go by, nothing open for writing is the rule.
-  if (settle == 0 && o.check_open_files) {
-    if (!AnyFileOpenForWriting(o.checkpoint_dir)) return {true, "quiet", ""};
-    return {false, "", "a file in the checkpoint dir is open for writing (sync-settle is 0): the trainer may still be writing"};
-  }
-  if (age >= settle) return {true, "settle", ""};
-  if (age >= settle / 5 && (!o.check_open_files || !AnyFileOpenForWriting(o.checkpoint_dir))) return {true, "quiet", ""};
-  return {false, "", fmt::format("files changed within sync-settle ({} ms): the trainer may still be writing", o.settle.count())};
-}
-
 std::string JoinNames(const std::vector<std::string>& names, std::size_t max = 10) {
   std::string out;
   for (std::size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + fmt::format("\"{}\"", Escaped(names[i]));
@@ -580,43 +507,6 @@ Status MarkCheckpointComplete(const std::string& checkpoint_dir) {
   close(fd);
   if (rc != 0) return ErrnoToStatus(err, "touching " + Escaped(path));
   return OkStatus();
-}
-
-bool AnyFileOpenForWriting(const std::string& dir) {
-  std::string prefix = dir;
-  while (prefix.size() > 1 && prefix.back() == '/') prefix.pop_back();
-  prefix += '/';
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return false;
-  std::unique_ptr<DIR, int (*)(DIR*)> guard(proc, closedir);
-  while (dirent* p = readdir(proc)) {
-    if (!ParseUint64(p->d_name)) continue;
-    std::string base = fmt::format("/proc/{}/fd", p->d_name);
-    DIR* fds = opendir(base.c_str());
-    if (fds == nullptr) continue;  // gone, or not ours to inspect
-    std::unique_ptr<DIR, int (*)(DIR*)> fguard(fds, closedir);
-    while (dirent* f = readdir(fds)) {
-      if (!ParseUint64(f->d_name)) continue;
-      char target[4096];
-      ssize_t n = readlinkat(dirfd(fds), f->d_name, target, sizeof target - 1);
-      if (n <= 0) continue;
-      std::string_view t(target, static_cast<std::size_t>(n));
-      if (t.substr(0, prefix.size()) != prefix) continue;
-      // flags: in octal, as the kernel prints them.
-      int info = open(fmt::format("/proc/{}/fdinfo/{}", p->d_name, f->d_name).c_str(), O_RDONLY | O_CLOEXEC);
-      if (info < 0) continue;
-      char buf[512];
-      ssize_t got = read(info, buf, sizeof buf - 1);
-      close(info);
-      if (got <= 0) continue;
-      std::string text(buf, static_cast<std::size_t>(got));
-      auto pos = text.find("flags:");
-      if (pos == std::string::npos) continue;
-      unsigned long flags = std::strtoul(text.c_str() + pos + 6, nullptr, 8);
-      if ((flags & O_ACCMODE) != O_RDONLY) return true;
-    }
-  }
-  return false;
 }
 
 SyncEngine::SyncEngine(std::unique_ptr<ObjectStore> store, SyncOptions options, const Clock& clock)
@@ -978,7 +868,47 @@ std::string SyncEngine::WriteRecord(Json j) {
   return s.ok() ? "" : "could not remember the commit in " + o_.state_file + ": " + s.message();
 }
 
+void SyncEngine::RememberLogs() {
+  auto writers = FilesOpenForWriting(o_.checkpoint_dir);
+  std::lock_guard lk(logs_mu_);
+  for (auto const& [rel, appending] : writers) {
+    if (appending) logs_.insert(rel);
+  }
+}
+
+std::string SyncEngine::SettleWarning(const completeness::Verdict& v, bool uses_marker) const {
+  auto names = [&] {
+    std::string out;
+    for (std::size_t i = 0; i < v.holding.size(); ++i) out += (i ? ", " : "") + fmt::format("\"{}\"", v.holding[i]);
+    if (v.holding_more > 0) out += fmt::format(" and {} more", v.holding_more);
+    return out;
+  };
+  std::string head = fmt::format("the last {} periodic syncs found {} mid-save ({}), so nothing newer than commit #{} is in "
+                                 "the bucket. ",
+                                 deferrals_, Escaped(o_.checkpoint_dir), v.why, sequence_);
+  if (v.open_file_holds) {
+    return head + fmt::format("{} stay open for writing: a file the trainer keeps open (a log, a metrics file) belongs "
+                              "outside the checkpoint dir, or opened for appending (Python's open(path, \"a\")), which "
+                              "spotvisor takes for a log that never holds a sync back",
+                              names());
+  }
+  if (uses_marker) {
+    return head + fmt::format("The trainer uses the completion marker, and {} keep changing after it: touch {}/{} after "
+                              "the last file of each save (a file written later belongs to the next save), or save less "
+                              "often",
+                              names(), Escaped(o_.checkpoint_dir), kCompleteMarker);
+  }
+  return head + fmt::format("Touch {}/{} after each complete save (`spotvisor checkpoint --done`, or in Python "
+                            "time.sleep(0.02); pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()), or "
+                            "save one file replaced by a rename (write NAME.tmp, then os.replace), or save less often "
+                            "than sync-settle, or lower sync-settle",
+                            Escaped(o_.checkpoint_dir), kCompleteMarker);
+}
+
 std::string SyncEngine::NoteTrainerRunning(bool running) {
+  if (!running) {
+    trainer_ended_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.WallNow().time_since_epoch()).count();
+  }
   std::lock_guard lk(record_mu_);
   trainer_running_ = running;
   // Nothing recorded yet (no state-dir, or no restore ran): nothing to mark.
@@ -1219,7 +1149,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     return FailedPreconditionError("not syncing: the checkpoint was never restored, so the bucket may hold a newer one");
   }
   if (auto f = Fenced(); !f.empty()) return FailedPreconditionError(f);
-  Mode mode = kind == SyncKind::kPeriodic ? Mode::kPeriodic : kind == SyncKind::kStopped ? Mode::kStopped : Mode::kCompleted;
+  const bool periodic = kind == SyncKind::kPeriodic;
   auto start = clock_.Now();
   SyncStats stats;
   std::int64_t seq = std::max(sequence_, pending_ ? pending_->sequence : 0) + 1;
@@ -1230,7 +1160,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
   // file is still the same version.
   std::map<std::string, std::pair<FileStat, ObjectInfo>> uploaded;
   std::mutex up_mu;
-  bool can_stage = mode == Mode::kPeriodic;
+  bool can_stage = periodic;
   auto staging_root = fmt::format("{}/{}", root, kStagingDir);
   struct StagingCleanup {
     std::string dir;
@@ -1240,53 +1170,166 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     }
   } cleanup{staging_root};
 
-  const int max_attempts = mode == Mode::kPeriodic ? 4 : 3;
-  const int max_scans = mode == Mode::kPeriodic ? 8 : 1;
+  auto unchanged_since_commit = [&](const ScanEntry& e) {
+    auto it = state_.find(e.rel);
+    return it != state_.end() && it->second.size == e.st.size && it->second.mtime_ns == e.st.mtime_ns;
+  };
+  // Both sides are sorted by path, so "nothing changed" (the common answer)
+  // is one linear pass with no lookups and no copies.
+  auto same_as_committed = [&](const Scan& sc) {
+    if (sc.files.size() != state_.size()) return false;
+    auto it = state_.begin();
+    for (auto const& e : sc.files) {
+      if (it->first != e.rel || it->second.size != e.st.size || it->second.mtime_ns != e.st.mtime_ns) return false;
+      ++it;
+    }
+    return true;
+  };
+  auto finish = [&](std::int64_t sequence) {
+    stats.files_total = static_cast<int>(state_.size());
+    stats.sequence = sequence;
+    stats.seconds = Since(start, clock_);
+    return stats;
+  };
+
+  // The facts the rules judge by: the scan, the marker, the last commit,
+  // the trainer's state, and for files changed since the commit, whether a
+  // process holds them open for writing and what their format says.
+  auto Facts = [&](const Scan& sc, SyncKind k) {
+    completeness::Facts f;
+    f.trainer = k == SyncKind::kPeriodic ? completeness::Trainer::kRunning
+                : k == SyncKind::kKilled ? completeness::Trainer::kKilled
+                : k == SyncKind::kStopped ? completeness::Trainer::kExited
+                                          : completeness::Trainer::kCompleted;
+    f.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.WallNow().time_since_epoch()).count();
+    f.trainer_ended_ns = trainer_ended_ns_.load();
+    f.settle_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(o_.settle).count();
+    if (sc.marker) f.marker_ns = sc.marker->mtime_ns;
+    for (auto const& [rel, u] : state_) f.committed.emplace_hint(f.committed.end(), rel, completeness::CommittedFile{u.size, u.mtime_ns});
+    std::map<std::string, bool> writers;
+    if (k == SyncKind::kPeriodic && o_.check_open_files) writers = FilesOpenForWriting(root);
+    std::set<std::string> logs;
+    {
+      std::lock_guard llk(logs_mu_);
+      for (auto const& [rel, appending] : writers) {
+        if (appending) logs_.insert(rel);
+      }
+      logs = logs_;
+    }
+    f.files.reserve(sc.files.size());
+    for (auto const& e : sc.files) {
+      completeness::File file;
+      file.rel = e.rel;
+      file.size = e.st.size;
+      file.mtime_ns = e.st.mtime_ns;
+      file.ino = e.st.ino;
+      if (auto w = writers.find(e.rel); w != writers.end()) {
+        file.open_for_writing = true;
+        file.appending = w->second;
+      }
+      file.appending = file.appending || logs.count(e.rel) > 0;
+      if (k != SyncKind::kCompleted && !unchanged_since_commit(e)) {
+        file.format = ProbeFormat(root + "/" + e.rel, completeness::ProbeFor(e.rel), &file.pointer);
+      }
+      f.files.push_back(std::move(file));
+    }
+    // A one-file saver shows itself by replacing its only file (a new
+    // inode, size or time) while it stays the only one.
+    std::vector<const completeness::File*> saves;
+    for (auto const& file : f.files) {
+      if (!file.appending && !completeness::IsLogName(file.rel)) saves.push_back(&file);
+    }
+    if (saves.size() == 1) {
+      auto const& only = *saves.front();
+      std::tuple<std::uint64_t, std::int64_t, std::uint64_t> id{only.ino, only.mtime_ns, only.size};
+      if (one_file_rel_ != only.rel) {
+        one_file_rel_ = only.rel;
+        one_file_versions_ = 1;
+      } else if (id != one_file_id_) {
+        one_file_versions_ = std::min(one_file_versions_ + 1, 1000);
+      }
+      one_file_id_ = id;
+    } else {
+      one_file_rel_.clear();
+      one_file_versions_ = 0;
+    }
+    f.one_file_versions = one_file_versions_;
+    return f;
+  };
+
+  const int max_attempts = periodic ? 4 : 3;
+  const int max_scans = periodic ? 8 : 1;
   for (int attempt = 0; attempt < max_attempts; ++attempt) {
     stats.attempts = attempt + 1;
-    // 1. A snapshot of the tree at a moment it is complete.
+    // 1. A snapshot of the tree, and what of it may be committed
+    // (sync/completeness.h decides; this gathers the facts).
     Scan scan;
-    Judgement j;
+    completeness::Verdict verdict;
+    bool nothing_new = false;
     for (int n = 0;; ++n) {
       if (auto c = ctx.Check("syncing"); !c.ok()) return c;
       auto sc = ScanTree(root);
       if (!sc.ok()) return sc.status();
       scan = std::move(*sc);
-      auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.WallNow().time_since_epoch()).count();
-      j = Judge(scan, mode, now_ns, o_);
-      if (j.complete || n + 1 >= max_scans) break;
+      if (kind != SyncKind::kCompleted && same_as_committed(scan)) {
+        nothing_new = true;
+        break;
+      }
+      verdict = completeness::Judge(Facts(scan, kind));
+      if (verdict.complete || n + 1 >= max_scans) break;
       bool slept = Wait(quiet, ctx);
       if (!slept) return ctx.Check("syncing").ok() ? CancelledError("syncing: cancelled") : ctx.Check("syncing");
     }
     for (auto const& name : scan.unstorable) {
       if (warned_names_.insert(name).second) stats.skipped_names.push_back(Escaped(name));
     }
-
-    // 2. What changed since the last commit. Both sides are sorted by path,
-    // so "nothing" (the common answer) is one linear pass with no lookups
-    // and no copies.
-    auto same_as_committed = [&] {
-      if (scan.files.size() != state_.size()) return false;
-      auto it = state_.begin();
-      for (auto const& e : scan.files) {
-        if (it->first != e.rel || it->second.size != e.st.size || it->second.mtime_ns != e.st.mtime_ns) return false;
-        ++it;
-      }
-      return true;
-    };
-    if (j.complete && same_as_committed()) {
+    if (nothing_new) {
       // The committed manifest already says all there is to say.
       deferrals_ = 0;
-      stats.judged_by = j.by;
+      stats.judged_by = "unchanged";
       stats.uncommitted = UncommittedView{};  // nothing: the caller need not scan again
-      stats.files_total = static_cast<int>(state_.size());
-      stats.sequence = sequence_;
-      stats.seconds = Since(start, clock_);
-      return stats;
+      return finish(sequence_);
+    }
+
+    // 2. What this commit holds: the files taken as they are now (those
+    // changed since the last commit are uploaded), and the committed
+    // version of any save that is not whole now.
+    UncommittedView at_risk;
+    std::vector<const ScanEntry*> all_changed;
+    for (auto const& e : scan.files) {
+      if (!unchanged_since_commit(e)) all_changed.push_back(&e);
+    }
+    {
+      std::set<std::string> present;
+      for (auto const& e : scan.files) present.insert(e.rel);
+      int gone = 0;
+      for (auto const& [rel, u] : state_) gone += present.count(rel) == 0;
+      at_risk.files = static_cast<int>(all_changed.size()) + gone;
+    }
+    for (auto const* e : all_changed) at_risk.bytes += e->st.size;
+    if (!verdict.complete) {
+      stats.uncommitted = at_risk;
+      stats.deferred = true;
+      stats.deferred_reason = verdict.why;
+      stats.files_deferred = static_cast<int>(all_changed.size());
+      if (periodic && ++deferrals_ >= o_.warn_after_deferrals && !settle_warned_) {
+        settle_warned_ = true;
+        stats.settle_warning = SettleWarning(verdict, scan.marker.has_value() || marker_committed_);
+      }
+      if (!periodic) {
+        stats.not_uploaded.reserve(all_changed.size());
+        for (auto const* e : all_changed) stats.not_uploaded.push_back(Escaped(e->rel));
+      }
+      return finish(sequence_);
+    }
+    stats.judged_by = verdict.by;
+    Scan taken;  // the files of this snapshot taken as they are
+    for (auto const& e : scan.files) {
+      if (std::binary_search(verdict.take.begin(), verdict.take.end(), e.rel)) taken.files.push_back(e);
     }
     FileMap next;
     std::vector<const ScanEntry*> changed;
-    for (auto const& e : scan.files) {
+    for (auto const& e : taken.files) {
       auto prev = state_.find(e.rel);
       if (prev != state_.end() && prev->second.size == e.st.size && prev->second.mtime_ns == e.st.mtime_ns) {
         next[e.rel] = prev->second;
@@ -1294,54 +1337,23 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
         changed.push_back(&e);
       }
     }
-    bool removed = next.size() != state_.size();
-    UncommittedView at_risk;
-    at_risk.files = static_cast<int>(changed.size() + (state_.size() - next.size()));
-    for (auto const* e : changed) at_risk.bytes += e->st.size;
-    if (!j.complete) {
-      stats.uncommitted = at_risk;
-      stats.deferred = true;
-      stats.deferred_reason = j.why;
-      stats.files_deferred = static_cast<int>(changed.size());
-      if (mode == Mode::kPeriodic && (!changed.empty() || removed)) {
-        if (++deferrals_ >= o_.warn_after_deferrals && !settle_warned_) {
-          settle_warned_ = true;
-          stats.settle_warning = fmt::format(
-              "the last {} periodic syncs found {} mid-save ({}), so nothing newer than commit #{} is in the bucket. "
-              "Touch {}/{} after each complete save (`spotvisor checkpoint --done`, or in Python "
-              "time.sleep(0.02); pathlib.Path(os.environ[\"SPOTVISOR_CHECKPOINT_MARKER\"]).touch()), or save less often than "
-              "sync-settle, or lower sync-settle",
-              deferrals_, Escaped(root), j.why, sequence_, Escaped(root), kCompleteMarker);
-        }
-      }
-      if (mode != Mode::kPeriodic) {
-        stats.not_uploaded.reserve(changed.size());
-        for (auto const* e : changed) stats.not_uploaded.push_back(Escaped(e->rel));
-      }
-      stats.files_total = static_cast<int>(state_.size());
-      stats.sequence = sequence_;
-      stats.seconds = Since(start, clock_);
-      return stats;
+    for (auto const& rel : verdict.keep) {
+      if (auto it = state_.find(rel); it != state_.end()) next[rel] = it->second;
     }
-    stats.judged_by = j.by;
-    if (scan.files.empty() && !state_.empty() && mode != Mode::kCompleted) {
+    bool removed = next.size() != state_.size();
+    if (next.empty() && changed.empty() && !state_.empty() && kind != SyncKind::kCompleted) {
       // An empty checkpoint dir is not a checkpoint: never commit it over one.
       stats.deferred = true;
       stats.deferred_reason = "the checkpoint dir is empty";
-      stats.files_total = static_cast<int>(state_.size());
-      stats.sequence = sequence_;
-      stats.seconds = Since(start, clock_);
-      return stats;
+      return finish(sequence_);
     }
     if (changed.empty() && !removed) {
-      // The committed manifest already says all there is to say.
+      // Only saves that are not whole changed: the commit stands as it is.
       deferrals_ = 0;
       stats.uncommitted = at_risk;
-      stats.files_total = static_cast<int>(state_.size());
-      stats.sequence = sequence_;
-      stats.seconds = Since(start, clock_);
-      return stats;
+      return finish(sequence_);
     }
+    stats.left_out = verdict.left_out;
 
     // 3. After an upload saw the tree change under it, copy the snapshot
     // locally first (fast), check it is still one state, and upload the copy.
@@ -1372,7 +1384,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
         } else {
           continue;  // a file vanished: the tree moved on, take a new snapshot
         }
-      } else if (!Unchanged(root, scan)) {
+      } else if (!Unchanged(root, taken)) {
         continue;
       } else {
         stats.staged = true;
@@ -1437,14 +1449,14 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       for (std::size_t i = 0; i < changed.size(); ++i) {
         if (!done[i]) stats.not_uploaded.push_back(Escaped(changed[i]->rel));
       }
-      if (mode != Mode::kPeriodic && !stats.not_uploaded.empty()) {
+      if (!periodic && !stats.not_uploaded.empty()) {
         return Status(up.code(), fmt::format("{}; not uploaded: {}; the bucket keeps commit #{}", up.message(),
                                              JoinNames(stats.not_uploaded), sequence_));
       }
       return up;
     }
     // 5. The snapshot holds only if no file of it changed meanwhile.
-    if (moved.load() || (!stage && !Unchanged(root, scan))) continue;
+    if (moved.load() || (!stage && !Unchanged(root, taken))) continue;
 
     // 6. Commit. files_uploaded counts the new objects this commit names
     // (bytes_uploaded counts every byte sent, earlier snapshots' too).
@@ -1454,7 +1466,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
     // by it, or it was there), so a restore puts it back. Sticky: a VM that
     // restores a marker-using run must not judge that run's saves by
     // sync-settle alone.
-    bool uses_marker = j.by == "marker" || scan.marker.has_value() || marker_committed_;
+    bool uses_marker = verdict.by == "marker" || scan.marker.has_value() || marker_committed_;
     if (auto c = Commit(seq, next, uses_marker, ctx); !c.ok()) return c;
     deferrals_ = 0;
     stats.state_warning = RememberCommit(marker_committed_);
@@ -1468,7 +1480,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
   }
   // Every snapshot changed under its upload.
   std::string why = fmt::format("the checkpoint changed under each of {} snapshots", max_attempts);
-  if (mode != Mode::kPeriodic) {
+  if (!periodic) {
     return UnavailableError(why + fmt::format(": something is still writing into {}; the bucket keeps commit #{}",
                                               Escaped(root), sequence_));
   }

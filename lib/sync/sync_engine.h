@@ -13,10 +13,10 @@
 //   DONE                        the trainer finished and the final sync
 //                               succeeded
 //
-// A commit is a state of the whole checkpoint tree that the trainer
-// produced: the tree is judged as one (every file quiet for sync-settle, or
-// the trainer touched the completion marker after its last file, or no file
-// is open for writing and the tree has been quiet for a moment), and every
+// Every save in a commit is a state its writer left whole: what may be
+// committed is decided by sync/completeness.h (framework saves by their
+// evidence, the other files by the marker, sync-settle or as a one-file
+// saver; a save that is not whole keeps its committed version), and every
 // file is checked again after the upload (or after a local copy): if any file
 // changed, vanished or was renamed meanwhile, that snapshot is not committed
 // and a new one is taken.
@@ -38,6 +38,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,6 +48,8 @@
 #include "common/status.h"
 #include "retry/sleeper.h"
 #include "storage/object_store.h"
+#include "sync/completeness.h"
+#include "sync/file_facts.h"
 #include "sync/manifest.h"
 
 namespace spotvisor {
@@ -54,8 +57,10 @@ namespace spotvisor {
 // What the trainer is doing while a sync runs.
 enum class SyncKind {
   kPeriodic,   // running: the tree is committed only at a moment it is complete
-  kStopped,    // stopped (preempted, killed, failed, before a restart): taken as it
-               // is, unless the marker shows its last save was cut off
+  kStopped,    // exited on its own with a non-zero code (failed, before a restart):
+               // taken as it is, unless the marker shows its last save was cut off
+  kKilled,     // died of a signal (or a shell's 128+N for SIGINT, SIGTERM, SIGKILL...):
+               // only the saves it can show are whole (sync/completeness.h)
   kCompleted,  // exited 0: taken as it is
 };
 
@@ -154,7 +159,12 @@ struct SyncStats {
   int attempts = 0;        // snapshots taken (more than one: the tree changed under an upload)
   bool deferred = false;   // nothing committed: the tree was still being written
   bool staged = false;     // the committed snapshot was copied locally first
-  std::string judged_by;   // "settle", "marker", "quiet", "final": why the tree counted as complete
+  // Why the tree counted as complete (sync/completeness.h): "marker",
+  // "settle", "one-file", "saves", "final"; "unchanged" when nothing changed.
+  std::string judged_by;
+  // Saves that were not whole and kept their committed version (or stayed
+  // out): one line each, for the one event that says so.
+  std::vector<std::string> left_out;
   std::string deferred_reason;
   // Set once, the first time periodic syncs keep finding the tree mid-save:
   // the text tells the user what to change.
@@ -211,6 +221,12 @@ class SyncEngine {
   // local files may hold a save cut off by spotvisor's death. Thread-safe,
   // never waits for a sync; returns a warning, or "" once remembered.
   std::string NoteTrainerRunning(bool running);
+  // Looks for files in the checkpoint dir held open for appending (logs)
+  // and remembers them for this boot: a log is never part of a save, and
+  // once the trainer is gone nothing shows it was one. The periodic syncs do
+  // this too; the supervisor calls it before it stops the trainer.
+  // Thread-safe; never waits for a sync.
+  void RememberLogs();
   // `spotvisor pull`: the newest commit into checkpoint_dir (created), and
   // nothing else: no DONE handling, no garbage collection, no state file, no
   // write to the store. `sequence`: that commit or an error saying it is not
@@ -282,6 +298,17 @@ class SyncEngine {
   mutable std::mutex fence_mu_;
   std::string fenced_;
   std::set<std::string> warned_names_;
+  // The one-file saver's memory across scans: the tree's only file, the
+  // version last seen, and how many versions were seen in a row.
+  std::string one_file_rel_;
+  std::tuple<std::uint64_t, std::int64_t, std::uint64_t> one_file_id_{};
+  int one_file_versions_ = 0;
+  // Files seen held open for appending in this boot: logs (RememberLogs).
+  mutable std::mutex logs_mu_;
+  std::set<std::string> logs_;
+  // When the trainer was last reaped (wall clock, ns; 0: not yet).
+  std::atomic<std::int64_t> trainer_ended_ns_{0};
+  std::string SettleWarning(const completeness::Verdict& v, bool uses_marker) const;
   int deferrals_ = 0;
   bool settle_warned_ = false;
   // The state file's last contents and whether the trainer is running: a
@@ -304,9 +331,5 @@ std::string UnstorableReason(const std::string& rel);
 
 // Touches DIR/.spotvisor-complete (what `spotvisor checkpoint --done` does).
 Status MarkCheckpointComplete(const std::string& checkpoint_dir);
-
-// True if any process has a file under `dir` open for writing (from
-// /proc/PID/fd and fdinfo; processes we may not inspect are skipped).
-bool AnyFileOpenForWriting(const std::string& dir);
 
 }  // namespace spotvisor

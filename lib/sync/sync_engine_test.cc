@@ -500,6 +500,14 @@ TEST_CASE("a corrupted object fails the restore instead of starting from it") {
 
 // ---- issue #11: checkpoints that survive real trainers ----
 
+// A whole safetensors file holding `data` as one tensor of bytes.
+std::string Safetensors(const std::string& data) {
+  auto header = fmt::format(R"({{"w":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}})", data.size(), data.size());
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return len + header + data;
+}
+
 // A restore on a fresh disk brings back exactly `want` (path -> bytes).
 void CheckRestores(const Dirs& d, const FakeClock& clock, const std::map<std::string, std::string>& want) {
   auto fresh = d.root + "/verify-" + std::to_string(RandomSeed() % 1000000);
@@ -703,10 +711,10 @@ TEST_CASE("rotation: a checkpoint-N/ deleted under the sync is not part of the s
   auto* h = hook.get();
   SyncEngine e(std::move(hook), Options(d.ckpt), clock);
   REQUIRE(e.Restore().ok());
-  Write(d.ckpt + "/checkpoint-100/model.safetensors", "m100");
-  Write(d.ckpt + "/checkpoint-100/trainer_state.json", "{100}");
-  Write(d.ckpt + "/checkpoint-200/model.safetensors", "m200");
-  Write(d.ckpt + "/checkpoint-200/trainer_state.json", "{200}");
+  Write(d.ckpt + "/checkpoint-100/model.safetensors", Safetensors("m100"));
+  Write(d.ckpt + "/checkpoint-100/trainer_state.json", R"({"global_step": 100})");
+  Write(d.ckpt + "/checkpoint-200/model.safetensors", Safetensors("m200"));
+  Write(d.ckpt + "/checkpoint-200/trainer_state.json", R"({"global_step": 200})");
   Write(d.ckpt + "/tmp-checkpoint-300/model.safetensors", "half of 300");  // HF's save in progress
   bool rotated = false;
   h->before_upload = [&](const std::string&) {
@@ -717,10 +725,11 @@ TEST_CASE("rotation: a checkpoint-N/ deleted under the sync is not part of the s
   auto s = e.Sync(SyncKind::kStopped);
   REQUIRE(s.ok());
   CHECK(s->attempts == 2);
-  CheckRestores(d, clock, {{"checkpoint-200/model.safetensors", "m200"}, {"checkpoint-200/trainer_state.json", "{200}"}});
+  CheckRestores(d, clock, {{"checkpoint-200/model.safetensors", Safetensors("m200")},
+                           {"checkpoint-200/trainer_state.json", R"({"global_step": 200})"}});
 }
 
-TEST_CASE("a trainer saving faster than sync-settle is synced when no file is open for writing") {
+TEST_CASE("a one-file saver faster than sync-settle is synced once it has replaced its file, unless it holds it open") {
   Dirs d;
   FakeClock clock;
   ClockSleeper sleeper(clock);
@@ -729,14 +738,40 @@ TEST_CASE("a trainer saving faster than sync-settle is synced when no file is op
   SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
   REQUIRE(e.Restore().ok());
   Write(d.ckpt + "/model.pt", "save 7");
-  Age(d.ckpt + "/model.pt", clock, 2s);  // older than settle/5, younger than settle
-  SECTION("nothing holds it open: synced now") {
+  Age(d.ckpt + "/model.pt", clock, 0s);
+  SECTION("nothing holds it open: the first version waits, each replacement is synced") {
+    // One version seen: it may be the first file of a save of several.
+    auto first = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(first.ok());
+    CHECK(first->deferred);
+    CHECK(first->deferred_reason.find("\"model.pt\" changed within sync-settle") != std::string::npos);
+    // Replaced by a rename (write NAME.tmp, then os.replace): a one-file saver.
+    Write(d.ckpt + "/model.pt.tmp", "save 8");
+    REQUIRE(rename((d.ckpt + "/model.pt.tmp").c_str(), (d.ckpt + "/model.pt").c_str()) == 0);
+    Age(d.ckpt + "/model.pt", clock, 0s);
     auto s = e.Sync(SyncKind::kPeriodic);
     REQUIRE(s.ok());
     CHECK_FALSE(s->deferred);
-    CHECK(s->judged_by == "quiet");
+    CHECK(s->judged_by == "one-file");
+    CheckRestores(d, clock, {{"model.pt", "save 8"}});
+    // From then on the commit itself says it is a one-file saver.
+    Write(d.ckpt + "/model.pt", "save 9 (rewritten in place)");
+    Age(d.ckpt + "/model.pt", clock, 0s);
+    auto next = e.Sync(SyncKind::kPeriodic);
+    REQUIRE(next.ok());
+    CHECK(next->judged_by == "one-file");
+    CheckRestores(d, clock, {{"model.pt", "save 9 (rewritten in place)"}});
+    // A second file appears: the tree is judged by sync-settle again.
+    Write(d.ckpt + "/optimizer.pt", "opt 10");
+    Age(d.ckpt + "/optimizer.pt", clock, 0s);
+    o.settle = 60s;
+    SyncEngine slow(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
+    REQUIRE(slow.Restore().ok());
+    auto two = slow.Sync(SyncKind::kPeriodic);
+    REQUIRE(two.ok());
+    CHECK(two->deferred);
   }
-  SECTION("held open for writing: deferred, and after a few such syncs one warning") {
+  SECTION("held open for writing: deferred, and after a few such syncs one warning naming it") {
     int fd = open((d.ckpt + "/model.pt").c_str(), O_WRONLY | O_CLOEXEC);
     REQUIRE(fd >= 0);
     CHECK(AnyFileOpenForWriting(d.ckpt));
@@ -749,6 +784,7 @@ TEST_CASE("a trainer saving faster than sync-settle is synced when no file is op
       auto s = e.Sync(SyncKind::kPeriodic);
       REQUIRE(s.ok());
       CHECK(s->deferred);
+      CHECK(s->deferred_reason.find("\"model.pt\" open for writing") != std::string::npos);
       if (!s->settle_warning.empty()) {
         ++warnings;
         warning = s->settle_warning;
@@ -756,7 +792,8 @@ TEST_CASE("a trainer saving faster than sync-settle is synced when no file is op
     }
     close(fd);
     CHECK(warnings == 1);
-    CHECK(warning.find("spotvisor checkpoint --done") != std::string::npos);
+    CHECK(warning.find("\"model.pt\" stay open for writing") != std::string::npos);
+    CHECK(warning.find("appending") != std::string::npos);
     CHECK_FALSE(AnyFileOpenForWriting(d.ckpt));
   }
 }
@@ -809,7 +846,7 @@ TEST_CASE("a file open for writing is never complete by the marker or by a zero 
     auto s = e.Sync(SyncKind::kPeriodic);
     REQUIRE(s.ok());
     CHECK_FALSE(s->deferred);
-    CHECK(s->judged_by == "quiet");
+    CHECK(s->judged_by == "settle");
     CheckRestores(d, clock, {{"latest.ckpt", "first slice, second"}});
   }
 }
@@ -1084,20 +1121,20 @@ TEST_CASE("a file as new as the marker (the same clock tick) is not taken as com
   o.check_open_files = false;
   SyncEngine e(MakeFileObjectStore(d.bucket + "/run1"), o, clock);
   REQUIRE(e.Restore().ok());
-  Write(d.ckpt + "/model.pt", "save 1");
+  Write(d.ckpt + "/state.dat", "save 1");
   REQUIRE(MarkCheckpointComplete(d.ckpt).ok());
   REQUIRE(e.Sync(SyncKind::kCompleted).ok());
   // The next save's O_TRUNC lands in the marker's tick, then the trainer is killed.
-  Write(d.ckpt + "/model.pt", "");
+  Write(d.ckpt + "/state.dat", "");
   struct stat mk {};
   REQUIRE(stat((d.ckpt + "/" + kCompleteMarker).c_str(), &mk) == 0);
   timespec ts[2] = {mk.st_mtim, mk.st_mtim};
-  REQUIRE(utimensat(AT_FDCWD, (d.ckpt + "/model.pt").c_str(), ts, 0) == 0);
+  REQUIRE(utimensat(AT_FDCWD, (d.ckpt + "/state.dat").c_str(), ts, 0) == 0);
   auto killed = e.Sync(SyncKind::kStopped);
   REQUIRE(killed.ok());
   CHECK(killed->deferred);
   CHECK(killed->deferred_reason.find("same clock tick") != std::string::npos);
-  CheckRestores(d, clock, {{"model.pt", "save 1"}});
+  CheckRestores(d, clock, {{"state.dat", "save 1"}});
   // While the trainer runs, a tie counts only once the tree has settled.
   auto running = e.Sync(SyncKind::kPeriodic);
   REQUIRE(running.ok());

@@ -13,6 +13,7 @@ checkpoint dir): "resumed N" / "resumed none" / "resumed INCONSISTENT ...",
 "saved N".
 """
 import argparse
+import json
 import os
 import pathlib
 import shutil
@@ -29,6 +30,9 @@ def on_signal(signo, frame):
 
 
 def payload(step, rel, size):
+    if rel.endswith("trainer_state.json"):
+        # Hugging Face's trainer_state.json is JSON, and spotvisor checks that it parses.
+        return json.dumps({"global_step": step, "path": rel}).encode()
     head = f"step={step} path={rel}\n".encode()
     body = (f"{step}:{rel};".encode() * (size // max(1, len(rel) + 8) + 1))[:max(0, size - len(head))]
     return head + body
@@ -42,6 +46,13 @@ def write(path, data):
 
 def step_of(path):
     with open(path, "rb") as f:
+        if f.read(1) == b"{":
+            f.seek(0)
+            try:
+                return json.load(f)["global_step"]
+            except (ValueError, KeyError):
+                return None
+        f.seek(0)
         line = f.readline().decode("utf-8", "replace")
     if not line.startswith("step="):
         return None
