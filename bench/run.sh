@@ -37,6 +37,10 @@ echo "== behaviour in odd cases (bench/semantics.py)"
 python3 bench/semantics.py
 
 echo
+echo "== what a preemption costs, with and without the trainer helper (bench/preempt_cost.py)"
+python3 bench/preempt_cost.py
+
+echo
 echo "== idle cost (bench/idle.py)"
 python3 bench/idle.py
 echo; echo "== crc32c, one chain vs three (bench/crc32c_bench.cc)"; for mib in 1 256; do build-release/bench/crc32c_bench "$mib" 20; done

@@ -129,6 +129,34 @@ std::string SelfExe() {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("/usr/bin/spotvisor");
 }
 
+// The trainer helper's directory (python/spotvisor.py: `import spotvisor`),
+// beside the binary: /usr/share/spotvisor/python for /usr/bin/spotvisor, and
+// BUILD/share/spotvisor/python in a build tree. Empty if it is not there.
+std::string HelperPythonDir() {
+  auto exe = SelfExe();
+  auto slash = exe.rfind('/');
+  if (slash == std::string::npos) return "";
+  auto dir = exe.substr(0, slash) + "/../share/spotvisor/python";
+  char real[4096];
+  if (realpath(dir.c_str(), real) == nullptr) return "";
+  std::string out = real;
+  return access((out + "/spotvisor.py").c_str(), R_OK) == 0 ? out : "";
+}
+
+// Appends the helper's directory to PYTHONPATH in `env` (after the
+// trainer's own entries, so its modules come first).
+void AddHelperToPythonPath(std::vector<std::string>& env) {
+  static const std::string dir = HelperPythonDir();
+  if (dir.empty()) return;
+  for (auto& e : env) {
+    if (e.rfind("PYTHONPATH=", 0) == 0) {
+      e += (e.size() > 11 ? ":" : "") + dir;
+      return;
+    }
+  }
+  env.push_back("PYTHONPATH=" + dir);
+}
+
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
@@ -490,6 +518,7 @@ void Supervisor::SpawnTrainer(bool resumed, int restart_count) {
   for (auto const& [k, v] : SpotvisorEnv(c)) o.env.push_back(k + "=" + v);
   o.env.push_back(std::string("SPOTVISOR_RESUMED=") + (resumed ? "1" : "0"));
   o.env.push_back("SPOTVISOR_RESTART_COUNT=" + std::to_string(restart_count));
+  AddHelperToPythonPath(o.env);
   for (auto const& e : GangEnv()) o.env.push_back(e);
   if (LeaderMode() && gang_rank_ == 0) {
     // mpiexec's ssh: this generation's key, to sshd on gang-ssh-port; host

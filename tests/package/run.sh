@@ -132,6 +132,11 @@ in_root() {
   rc=$?
   if [ $rc -eq 3 ]; then pass "$distro: spotvisor run passes on the trainer's exit code (3)"; else fail "$distro: spotvisor run exit code" "rc=$rc, want 3: $(tail -n 10 <<<"$out")"; fi
   check "$distro: spotvisor status after the run" bash -c '$1 spotvisor status | grep -q .' _ "$in"
+  # The trainer helper (`import spotvisor`) is on the trainer's PYTHONPATH, whatever its interpreter.
+  out=$($net /usr/bin/spotvisor run --set on-exit=none --set log-format=text -- /bin/sh -c \
+    'case ":$PYTHONPATH:" in *:/usr/share/spotvisor/python:*) test -f /usr/share/spotvisor/python/spotvisor.py ;; *) echo "PYTHONPATH=$PYTHONPATH"; exit 9 ;; esac' 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ]; then pass "$distro: the trainer's PYTHONPATH holds the helper (import spotvisor)"; else fail "$distro: helper on PYTHONPATH" "rc=$rc $(tail -n 10 <<<"$out")"; fi
 
   # remove keeps the user, the checkpoints and the config; purge removes the config only.
   out=$($in dpkg -r spotvisor 2>&1)
@@ -334,7 +339,10 @@ check "files: binary 0755, unit, conffile, docs" bash -c '
   grep -Eq "^-rwxr-xr-x root/root .* \./usr/bin/spotvisor$" <<<"$1" &&
   grep -Eq "^-rw-r--r-- root/root .* \./usr/lib/systemd/system/spotvisor\.service$" <<<"$1" &&
   grep -Eq "^-rw-r--r-- root/root .* \./etc/spotvisor/spotvisor\.conf$" <<<"$1" &&
-  grep -Eq " \./usr/share/doc/spotvisor/packaging\.md$" <<<"$1" || { echo "$1"; exit 1; }' _ "$contents"
+  grep -Eq " \./usr/share/doc/spotvisor/packaging\.md$" <<<"$1" &&
+  grep -Eq "^-rw-r--r-- root/root .* \./usr/share/spotvisor/python/spotvisor\.py$" <<<"$1" &&
+  grep -Eq "^-rw-r--r-- root/root .* \./usr/lib/python3/dist-packages/spotvisor\.py$" <<<"$1" || { echo "$1"; exit 1; }' _ "$contents"
+check "files: the trainer helper in the package is python/spotvisor.py" cmp "$x/root/usr/share/spotvisor/python/spotvisor.py" python/spotvisor.py
 check "files: the unit in the package is systemd/spotvisor.service" cmp "$x/root/usr/lib/systemd/system/spotvisor.service" systemd/spotvisor.service
 check "conffile: is the binary's own config --template --set user=spotvisor" \
   bash -c '"$1" config --template --set user=spotvisor | cmp - "$2"' _ "$bin" "$x/root/etc/spotvisor/spotvisor.conf"
