@@ -666,13 +666,25 @@ void Supervisor::StartRestore() {
           // ranks): the bucket being ahead of this disk is the normal case,
           // worth a warning only when local files had to be set aside.
           logger_.Log(LogEvent{options_.gang && r->set_aside == 0 ? Severity::kInfo : Severity::kWarning,
-                               "restore.bucket_newer", r->bucket_won, {{"sequence", r->sequence}, {"set_aside", r->set_aside}}});
+                               "restore.bucket_newer", r->bucket_won,
+                               {{"sequence", r->sequence}, {"set_aside", r->set_aside}, {"set_aside_dir", r->set_aside_dir}}});
+        }
+        std::string cleaned;
+        if (r->stale_temps_removed > 0) {
+          cleaned += fmt::format("; removed {} temporary file(s) ({:.1f} MiB) of an earlier restore that was cut off",
+                                 r->stale_temps_removed, static_cast<double>(r->stale_temp_bytes) / (1 << 20));
+        }
+        if (r->stale_dropped > 0) {
+          cleaned += fmt::format("; deleted {} stale local cop(ies) of files the commit replaces ({:.1f} MiB) first, "
+                                 "the disk had no room for both",
+                                 r->stale_dropped, static_cast<double>(r->stale_dropped_bytes) / (1 << 20));
         }
         logger_.Info("restore.complete",
-                     fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s", r->sequence,
-                                 r->files, r->files_downloaded, r->bytes_downloaded, r->seconds),
+                     fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s{}", r->sequence,
+                                 r->files, r->files_downloaded, r->bytes_downloaded, r->seconds, cleaned),
                      {{"sequence", r->sequence}, {"files", r->files}, {"files_downloaded", r->files_downloaded},
-                      {"bytes", r->bytes_downloaded}, {"duration_s", r->seconds}});
+                      {"bytes", r->bytes_downloaded}, {"duration_s", r->seconds},
+                      {"stale_temps_removed", r->stale_temps_removed}, {"stale_dropped", r->stale_dropped}});
       } else {
         logger_.Info("restore.none", "no checkpoint in the bucket yet: the trainer starts from scratch");
       }

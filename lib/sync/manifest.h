@@ -34,8 +34,9 @@ inline constexpr char kStagingDir[] = ".spotvisor-staging";
 // Local files a restore could not trust (changed after the last commit while
 // the trainer was running when spotvisor stopped, with no marker to vouch for
 // them, or cut off mid-save by the marker's word): moved here, not deleted,
-// before the bucket's commit is put back. Never synced; replaced by the next
-// restore that sets files aside.
+// before the bucket's commit is put back, each restore into a folder of its
+// own (.spotvisor-unverified/TIME-PID/). Never synced, never deleted by
+// spotvisor: a later restore never destroys what an earlier one set aside.
 inline constexpr char kSetAsideDir[] = ".spotvisor-unverified";
 
 struct ManifestEntry {

@@ -6,12 +6,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <thread>
@@ -435,18 +437,36 @@ Status WriteFileAtomically(const std::string& path, const std::string& text, mod
 }
 
 // Moves `move` (paths relative to ROOT: local files that differ from the
-// commit being restored) into ROOT/.spotvisor-unverified/, replacing the set
-// an earlier restore put there, and removes directories the move left empty
-// (a half-written checkpoint-N/ must not stay for the trainer to resume
-// from). Returns how many files were moved.
-StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& move, const SyncOptions& o) {
+// commit being restored) into a folder of its own,
+// ROOT/.spotvisor-unverified/TIME-PID/ (`*dir`), keeping whatever earlier
+// restores set aside, and removes directories the move left empty (a
+// half-written checkpoint-N/ must not stay for the trainer to resume from).
+// Returns how many files were moved.
+StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& move, const SyncOptions& o,
+                       WallTime now, std::string* dir) {
   if (move.empty()) return 0;
-  auto aside = root + "/" + kSetAsideDir;
-  std::error_code ec;
-  fs::remove_all(aside, ec);  // a symlink there is removed, never followed
-  if (ec) return ErrnoToStatus(ec.value(), "removing the files an earlier restore set aside in " + Escaped(aside));
-  if (mkdir(aside.c_str(), 0755) != 0) return ErrnoToStatus(errno, "creating " + Escaped(aside));
+  auto top = root + "/" + kSetAsideDir;
+  struct stat st {};
+  if (lstat(top.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return FailedPreconditionError(fmt::format("{} is not a directory: move it away to let a restore set files aside",
+                                               Escaped(top)));
+  }
+  if (mkdir(top.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoToStatus(errno, "creating " + Escaped(top));
+  if (auto g = GiveToOwner(top, o, 0755); !g.ok()) return g;
+  auto secs = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
+  time_t t = static_cast<time_t>(secs);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char stamp[32];
+  strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  std::string aside;
+  for (int n = 1;; ++n) {
+    aside = fmt::format("{}/{}-{}{}", top, stamp, getpid(), n == 1 ? std::string() : fmt::format("-{}", n));
+    if (mkdir(aside.c_str(), 0755) == 0) break;
+    if (errno != EEXIST || n > 1000) return ErrnoToStatus(errno, "creating " + Escaped(aside));
+  }
   if (auto g = GiveToOwner(aside, o, 0755); !g.ok()) return g;
+  *dir = aside;
   int moved = 0;
   for (auto const& rel : move) {
     if (auto p = MakeParentsNoSymlinks(aside, rel, o); !p.ok()) return p;
@@ -457,11 +477,47 @@ StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& 
     ++moved;
     // Directories this emptied, innermost first; rmdir stops at one that
     // still holds something.
-    for (auto dir = fs::path(rel).parent_path(); !dir.empty(); dir = dir.parent_path()) {
-      if (rmdir((root + "/" + dir.string()).c_str()) != 0) break;
+    for (auto d = fs::path(rel).parent_path(); !d.empty(); d = d.parent_path()) {
+      if (rmdir((root + "/" + d.string()).c_str()) != 0) break;
     }
   }
   return moved;
+}
+
+// Removes the temporary files of restores that were killed mid-way
+// (FILE.spotvisor-restore.PID, preallocated to the file's full size): left
+// there, they hold the room the next restore needs. Not in what was set aside.
+void RemoveStaleRestoreTemps(const std::string& root, int& count, std::uint64_t& bytes) {
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (it.depth() == 0 && name == kSetAsideDir) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (name.find(kRestoreTmp) == std::string::npos) continue;
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (unlink(it->path().c_str()) == 0) {
+      ++count;
+      bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    }
+  }
+}
+
+bool IsNoSpace(const Status& s) { return s.message().find(std::strerror(ENOSPC)) != std::string::npos; }
+
+// Bytes under `dir` (regular files, not following symlinks).
+std::uint64_t TreeBytes(const std::string& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) total += static_cast<std::uint64_t>(st.st_size);
+  }
+  return total;
 }
 
 // "checkpoints/a/b~12.9f3c..." -> 12; legacy "checkpoints/a/b~12" -> 12.
@@ -533,6 +589,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     return stats;
   }
   if (done.status().code() != StatusCode::kNotFound) return done.status();
+  RemoveStaleRestoreTemps(o_.checkpoint_dir, stats.stale_temps_removed, stats.stale_temp_bytes);
 
   // What this disk last committed or restored, if it is the same run, the
   // same store and this very directory (same path, not a new disk or a
@@ -593,7 +650,15 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
     ls.marker = scan->marker.has_value();
     for (auto const& f : scan->files) {
       auto it = had.find(f.rel);
-      if (it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns) {
+      bool changed = it == had.end() || it->second->size != f.st.size || it->second->mtime_ns != f.st.mtime_ns;
+      if (changed && it != had.end() && it->second->size == f.st.size) {
+        // Another time but the same size: a copy a restore put back (one
+        // that was killed before it could remember it) is the commit's own
+        // file, not newer work to keep or to set aside over an earlier save.
+        auto crc = FileCrc32c(o_.checkpoint_dir + "/" + f.rel);
+        changed = !crc.ok() || *crc != it->second->crc;
+      }
+      if (changed) {
         ++ls.newer;
         ls.changed.push_back(f.rel);
       }
@@ -621,12 +686,12 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
       auto ls = local_vs({});
       if (!ls.ok()) return ls.status();
       if (ls->any) {
-        auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_);
+        auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_, clock_.WallNow(), &stats.set_aside_dir);
         if (!moved.ok()) return moved.status();
         stats.set_aside = *moved;
         stats.bucket_won = fmt::format("the bucket has no checkpoint of this gang, and every member starts from the same "
-                                       "state: the trainer starts from scratch; the {} local file(s) are kept in {}/{}",
-                                       *moved, Escaped(o_.checkpoint_dir), kSetAsideDir);
+                                       "state: the trainer starts from scratch; the {} local file(s) are kept in {}",
+                                       *moved, Escaped(stats.set_aside_dir));
       }
     } else if (record && record->last.commit_id.empty() && record->last.sequence == 0) {
       // A restart before the first commit: what this disk holds is the only
@@ -721,12 +786,12 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
                                      ls->missing, m->sequence);
     }
     if (ls->torn || unverified || gang) {
-      auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_);
+      auto moved = SetAside(o_.checkpoint_dir, ls->changed, o_, clock_.WallNow(), &stats.set_aside_dir);
       if (!moved.ok()) return moved.status();
       stats.set_aside = *moved;
       if (*moved > 0) {
-        stats.bucket_won += fmt::format("; the {} local file(s) that differ from it are kept in {}/{}", *moved,
-                                        Escaped(o_.checkpoint_dir), kSetAsideDir);
+        stats.bucket_won += fmt::format("; the {} local file(s) that differ from it are kept in {}", *moved,
+                                        Escaped(stats.set_aside_dir));
       }
     }
   } else if (o_.bucket_wins) {
@@ -742,17 +807,17 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
       if (!named.count(f)) extra.push_back(f);
     }
     if (!extra.empty()) {
-      auto moved = SetAside(o_.checkpoint_dir, extra, o_);
+      auto moved = SetAside(o_.checkpoint_dir, extra, o_, clock_.WallNow(), &stats.set_aside_dir);
       if (!moved.ok()) return moved.status();
       stats.set_aside = *moved;
       if (stats.bucket_won.empty()) stats.bucket_won = fmt::format("restoring commit #{} from the bucket", m->sequence);
-      stats.bucket_won += fmt::format("; {} local file(s) it does not name are kept in {}/{}", *moved,
-                                      Escaped(o_.checkpoint_dir), kSetAsideDir);
+      stats.bucket_won += fmt::format("; {} local file(s) it does not name are kept in {}", *moved,
+                                      Escaped(stats.set_aside_dir));
     }
   }
 
   FileMap restored;
-  auto s = DownloadCommit(*m, restored, stats, ctx);
+  auto s = DownloadCommit(*m, restored, stats, ctx, /*drop_stale=*/true);
   if (!s.ok()) return s;
   if (m->marker) {
     // The commit was complete by the trainer's own word: say so again, after
@@ -772,7 +837,7 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
 // crc32c) kept as they are, so an interrupted restore or pull goes on where
 // it stopped.
 Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, RestoreStats& stats,
-                                  const CallContext& caller_ctx) {
+                                  const CallContext& caller_ctx, bool drop_stale) {
   const Manifest* m = &manifest;
   std::mutex stats_mu;
   auto const& entries = m->files;
@@ -781,7 +846,8 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
   ProgressMeter meter("restore", total, static_cast<int>(entries.size()), clock_, o_.progress_interval, progress_handler_);
   const CallContext counted = meter.Counting(caller_ctx);
   const CallContext& ctx = counted;
-  auto s = ParallelFor(entries.size(), o_.parallelism, [&](std::size_t i) -> Status {
+  auto attempt = [&] {
+  return ParallelFor(entries.size(), o_.parallelism, [&](std::size_t i) -> Status {
     if (auto c = ctx.Check("restoring"); !c.ok()) return c;
     auto const& e = entries[i];
     auto target = o_.checkpoint_dir + "/" + e.path;
@@ -826,7 +892,78 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
     restored[e.path] = Uploaded{e.size, Ns(st.st_mtim), e.crc, e.object, e.generation};
     return OkStatus();
   });
-  return s;
+  };
+  auto s = attempt();
+  if (s.ok() || !IsNoSpace(s)) return s;
+  if (drop_stale) {
+    // No room for the download beside the local copy it replaces: that copy
+    // is stale (the restore has decided the bucket's commit is what the
+    // trainer starts from; newer work was set aside or kept before this), so
+    // it goes first, and the download is tried once more.
+    for (auto const& e : entries) {
+      auto target = o_.checkpoint_dir + "/" + e.path;
+      struct stat st {};
+      if (lstat(target.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      if (static_cast<std::uint64_t>(st.st_size) == e.size) {
+        auto crc = FileCrc32c(target);
+        if (crc.ok() && *crc == e.crc) continue;  // already the commit's
+      }
+      if (unlink(target.c_str()) == 0) {
+        ++stats.stale_dropped;
+        stats.stale_dropped_bytes += static_cast<std::uint64_t>(st.st_size);
+      }
+    }
+    if (stats.stale_dropped > 0) s = attempt();
+    if (s.ok() || !IsNoSpace(s)) return s;
+  }
+  return Status(s.code(), s.message() + InTheWay(manifest));
+}
+
+// What holds the room a restore needs, for its error: free space, what is
+// left to download, what earlier restores set aside, and the local files
+// the commit does not name.
+std::string SyncEngine::InTheWay(const Manifest& m) const {
+  auto mib = [](std::uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); };
+  std::uint64_t need = 0;
+  std::set<std::string> named;
+  for (auto const& e : m.files) {
+    named.insert(e.path);
+    struct stat st {};
+    if (lstat((o_.checkpoint_dir + "/" + e.path).c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != e.size) {
+      need += e.size;
+    }
+  }
+  std::string out = "; in the way:";
+  struct statvfs vfs {};
+  if (statvfs(o_.checkpoint_dir.c_str(), &vfs) == 0) {
+    out += fmt::format(" {} free on the disk of {}, {} still to restore;",
+                       mib(static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize), Escaped(o_.checkpoint_dir), mib(need));
+  }
+  auto aside = TreeBytes(o_.checkpoint_dir + "/" + kSetAsideDir);
+  if (aside > 0) {
+    out += fmt::format(" {} in {}/{}, set aside by earlier restores (look at them, then delete what you do not need);",
+                       mib(aside), Escaped(o_.checkpoint_dir), kSetAsideDir);
+  }
+  if (auto scan = ScanTree(o_.checkpoint_dir); scan.ok()) {
+    std::vector<std::pair<std::uint64_t, std::string>> extra;
+    std::uint64_t extra_bytes = 0;
+    for (auto const& f : scan->files) {
+      if (named.count(f.rel)) continue;
+      extra.emplace_back(f.st.size, f.rel);
+      extra_bytes += f.st.size;
+    }
+    if (!extra.empty()) {
+      std::sort(extra.rbegin(), extra.rend());
+      std::string names;
+      for (std::size_t i = 0; i < extra.size() && i < 3; ++i) {
+        names += fmt::format("{}\"{}\" {}", i ? ", " : "", Escaped(extra[i].second), mib(extra[i].first));
+      }
+      out += fmt::format(" {} local file(s) the commit does not name hold {} (largest: {});", extra.size(), mib(extra_bytes),
+                         names);
+    }
+  }
+  out.pop_back();
+  return out + ". The checkpoint-dir's disk must hold the commit: make room or give it a bigger disk";
 }
 
 std::string SyncEngine::RememberCommit(bool marker, const Pending* pending) {

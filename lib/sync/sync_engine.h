@@ -189,7 +189,17 @@ struct RestoreStats {
   bool kept_local = false;  // the local files are newer than the bucket's commit: kept
   int local_changes = 0;    // with kept_local: files changed since that commit
   std::string bucket_won;   // why the bucket's commit replaced local files that had a record
-  int set_aside = 0;        // with bucket_won: local files moved to CHECKPOINT_DIR/.spotvisor-unverified
+  int set_aside = 0;        // with bucket_won: local files moved to set_aside_dir
+  std::string set_aside_dir;  // CHECKPOINT_DIR/.spotvisor-unverified/TIME-PID: this restore's own folder
+  // Temporary files of a restore that was killed (FILE.spotvisor-restore.PID),
+  // removed before this one: they held the disk's room.
+  int stale_temps_removed = 0;
+  std::uint64_t stale_temp_bytes = 0;
+  // Local copies of files the commit replaces, deleted before their download
+  // because the disk had no room for both (the restore had decided: the
+  // bucket's commit is what the trainer starts from).
+  int stale_dropped = 0;
+  std::uint64_t stale_dropped_bytes = 0;
   int files = 0;
   int files_downloaded = 0;  // the rest were already there, byte-identical
   std::uint64_t bytes_downloaded = 0;
@@ -270,7 +280,11 @@ class SyncEngine {
   // state_ is what the bucket holds now (mu_ held): updates Committed() and
   // committed_file. Returns a warning, or "".
   std::string Publish(const std::string& committed_at, const std::string& instance);
-  Status DownloadCommit(const Manifest& m, FileMap& restored, RestoreStats& stats, const CallContext& ctx);
+  // `drop_stale`: on a full disk, delete the local files the commit replaces
+  // (they are stale: Restore has decided) and try once more; a pull keeps them.
+  Status DownloadCommit(const Manifest& m, FileMap& restored, RestoreStats& stats, const CallContext& ctx,
+                        bool drop_stale = false);
+  std::string InTheWay(const Manifest& m) const;
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;

@@ -990,11 +990,13 @@ TEST_CASE("a restart on the same disk keeps local files newer than the last comm
     CHECK_FALSE(r->kept_local);
     CHECK(r->bucket_won.find("while the trainer was running") != std::string::npos);
     CHECK(r->set_aside == 2);
+    REQUIRE(StartsWith(r->set_aside_dir, d.ckpt + "/.spotvisor-unverified/"));
+    CHECK(r->bucket_won.find(r->set_aside_dir) != std::string::npos);
     CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100");
-    CHECK(Read(d.ckpt + "/.spotvisor-unverified/latest.ckpt") == "step 1");
-    CHECK(Read(d.ckpt + "/.spotvisor-unverified/checkpoint-9/model.bin") == "half");
+    CHECK(Read(r->set_aside_dir + "/latest.ckpt") == "step 1");
+    CHECK(Read(r->set_aside_dir + "/checkpoint-9/model.bin") == "half");
     CHECK_FALSE(fs::exists(d.ckpt + "/checkpoint-9"));  // emptied, removed: nothing half-saved to resume from
-    // What is set aside is never synced; a second set-aside replaces the first.
+    // What is set aside is never synced; a second set-aside keeps the first (issue #28).
     REQUIRE(e.Sync(SyncKind::kCompleted).ok());
     CheckRestores(d, clock, {{"latest.ckpt", "step 100"}});
     {
@@ -1006,8 +1008,42 @@ TEST_CASE("a restart on the same disk keeps local files newer than the last comm
     auto again = make(d.ckpt).Restore();
     REQUIRE(again.ok());
     CHECK(again->set_aside == 1);
-    CHECK(Read(d.ckpt + "/.spotvisor-unverified/latest.ckpt") == "step 2");
-    CHECK_FALSE(fs::exists(d.ckpt + "/.spotvisor-unverified/checkpoint-9"));
+    CHECK(again->set_aside_dir != r->set_aside_dir);
+    CHECK(Read(again->set_aside_dir + "/latest.ckpt") == "step 2");
+    CHECK(Read(r->set_aside_dir + "/latest.ckpt") == "step 1");
+    CHECK(Read(r->set_aside_dir + "/checkpoint-9/model.bin") == "half");
+  }
+  SECTION("a restore killed mid-way, then another: the commit's own files are not newer work, the set-aside save stays") {
+    {
+      auto e = make(d.ckpt);
+      REQUIRE(e.Restore().ok());
+      CHECK(e.NoteTrainerRunning(true).empty());
+    }
+    Write(d.ckpt + "/latest.ckpt", "step 7, never committed");
+    auto record = Read(state);  // boot 1's: the trainer was running, no marker
+    // Boot 2 sets step 7 aside and puts the bucket's file back, and is
+    // killed before it can remember that: the state file is still boot 1's.
+    auto second = make(d.ckpt).Restore();
+    REQUIRE(second.ok());
+    REQUIRE(second->set_aside == 1);
+    Write(state, record);
+    Age(d.ckpt + "/latest.ckpt", clock, 1s);  // the commit's bytes, with the time of their download
+    // Boot 3 takes the restored bytes for what they are, and step 7 stays.
+    auto third = make(d.ckpt).Restore();
+    REQUIRE(third.ok());
+    CHECK(third->set_aside == 0);
+    CHECK(third->set_aside_dir.empty());
+    CHECK(Read(d.ckpt + "/latest.ckpt") == "step 100");
+    CHECK(Read(second->set_aside_dir + "/latest.ckpt") == "step 7, never committed");
+  }
+  SECTION("a restore killed mid-way left its preallocated temporary file: the next restore removes it first") {
+    Write(d.ckpt + "/latest.ckpt.spotvisor-restore.4242", std::string(4096, '\0'));
+    Write(d.ckpt + "/sub/x.bin.spotvisor-restore.17", "half");
+    auto r = make(d.ckpt).Restore();
+    REQUIRE(r.ok());
+    CHECK(r->stale_temps_removed == 2);
+    CHECK_FALSE(fs::exists(d.ckpt + "/latest.ckpt.spotvisor-restore.4242"));
+    CHECK_FALSE(fs::exists(d.ckpt + "/sub/x.bin.spotvisor-restore.17"));
   }
   SECTION("the trainer was reaped before spotvisor died: its newer files are whole, kept") {
     {

@@ -296,9 +296,46 @@ class CheckpointTest(SpotvisorTestCase):
         self.assertIn("spotvisor checkpoint --done", won["message"])
         self.assertIn(f"resumed {bucket_step}", self.trainer_log(), "resumed from the bucket's commit")
         self.assertEqual(step_of(self.committed()[1]["latest.ckpt"]), bucket_step + 1, "never rolled back")
-        with open(self.path("ckpt/.spotvisor-unverified/latest.ckpt"), "rb") as f:
+        with open(os.path.join(won["set_aside_dir"], "latest.ckpt"), "rb") as f:
             self.assertEqual(f.read(), torn, "the local file is kept aside")
         self.assertEqual(sorted(self.committed()[1]), ["latest.ckpt"], "what is set aside is never synced")
+
+    def test_two_quick_restarts_never_destroy_a_save_set_aside(self):
+        # Issue #28: boot 2 set the newest local save aside and was killed
+        # mid-restore; boot 3 took boot 2's restored bytes for changed files
+        # and set them aside over the step-7 save, which was gone.
+        p = self.vm(["--layout", "two", "--every", "0.5"], **{"sync-interval": "1s", "sync-settle": "0.2s"})
+        wait_until(lambda: self.gcs.wait_for_object(self.BUCKET, self.PREFIX + "manifest.json", timeout=0.1)
+                   and len(self.manifest()["files"]) == 2, timeout=WAIT, what="a commit of both files")
+        p.proc.kill()
+        p.wait_exit()
+        self.kill_trainer_group()
+        # The trainer's newest save, never committed, and nothing vouches for it.
+        saved = {name: f"step=7777 path={name} the newest save\n".encode() * 50 for name in ("model.pt", "optimizer.pt")}
+        for name, data in saved.items():
+            with open(self.path(f"ckpt/{name}"), "wb") as f:
+                f.write(data)
+        # Boot 2: model.pt comes back at once, optimizer.pt is held by a slow store; killed there.
+        self.gcs.fault("slow", delay_ms=60000, kind="download", object_prefix=self.PREFIX + "checkpoints/optimizer.pt")
+        p2 = self.vm(["--layout", "two", "--steps", "1"])
+        aside_root = self.path("ckpt/.spotvisor-unverified")
+        wait_until(lambda: os.path.isdir(aside_root) and os.path.exists(self.path("ckpt/model.pt")), timeout=WAIT,
+                   what="boot 2 set the save aside and put model.pt back")
+        p2.proc.kill()
+        p2.wait_exit()
+        self.gcs.fault("none")
+        # Boot 3: model.pt is the commit's own file with a new time, not newer work.
+        p3 = self.vm(["--layout", "two", "--steps", "1"])
+        self.assertEqual(p3.wait_exit(), 0, "".join(p3.raw[-25:]))
+        found = {}
+        for gen in os.listdir(aside_root):
+            for name in saved:
+                path = os.path.join(aside_root, gen, name)
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        found.setdefault(name, []).append(f.read())
+        for name, data in saved.items():
+            self.assertIn(data, found.get(name, []), f"the step-7 {name} set aside by boot 2 is still there")
 
     def test_a_trainer_that_exited_before_a_failed_final_sync_keeps_its_newer_files(self):
         # A Spot VM preempted with the store failing: the trainer finished its
@@ -403,6 +440,10 @@ class CheckpointThroughMountTest(CheckpointTest):
 
     @unittest.skip("injects faults into spotvisor's own JSON API requests; through the mount rclone makes them")
     def test_a_lost_answer_to_the_commit_is_reconciled_and_the_run_goes_on(self):
+        pass
+
+    @unittest.skip("holds spotvisor's own JSON API downloads with a fault; through the mount rclone makes them")
+    def test_two_quick_restarts_never_destroy_a_save_set_aside(self):
         pass
 
     @unittest.skip("not guaranteed through a mount (docs/mounts.md): each VM's FUSE driver caches the bucket's "

@@ -153,6 +153,65 @@ class FileSyncTest(SpotvisorTestCase):
         # The bucket still holds the complete checkpoint.
         self.assertEqual([f["path"] for f in self.manifest()["files"]], ["weights.bin"])
 
+    def small_disk_with_a_commit_of(self, size):
+        """A commit of weights.bin (`size` bytes) in the bucket, and a 1.5 MiB
+        tmpfs for the next VM's checkpoint dir."""
+        os.makedirs(self.path("ckpt1"))
+        with open(self.path("ckpt1/weights.bin"), "wb") as f:
+            f.write(os.urandom(size))
+        p = self.vm(["--run-for", "10", "--exit-code", "1"], ckpt="ckpt1")
+        self.assertEqual(p.wait_exit(), 1)
+        small = self.path("small")
+        os.makedirs(small)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "small", small], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", small])
+        return small
+
+    def test_a_restore_killed_mid_way_never_blocks_the_disk_for_good(self):
+        # Issue #28: its preallocated FILE.spotvisor-restore.PID stayed, and
+        # every later boot on that disk ended ENOSPC though the checkpoint fits.
+        small = self.small_disk_with_a_commit_of(1024 * 1024)
+        with open(os.path.join(small, "weights.bin.spotvisor-restore.4242"), "wb") as f:
+            f.write(b"\0" * (1024 * 1024))
+        p = self.vm(["--run-for", "10"], ckpt="small")
+        self.assertEqual(p.wait_exit(), 0)
+        done = p.wait_event("restore.complete")
+        self.assertEqual(done["stale_temps_removed"], 1)
+        self.assertIn("temporary file(s)", done["message"])
+        self.assertEqual(sorted(os.listdir(small)), [".spotvisor-complete", "weights.bin"] if
+                         os.path.exists(os.path.join(small, ".spotvisor-complete")) else ["weights.bin"])
+
+    def test_a_stale_copy_of_a_file_makes_room_for_the_commit_that_replaces_it(self):
+        # Issue #28: a stale weights.bin (a save cut off by the power-off) and
+        # the download beside it did not fit; both boots ended ENOSPC.
+        small = self.small_disk_with_a_commit_of(1024 * 1024)
+        with open(os.path.join(small, "weights.bin"), "wb") as f:
+            f.write(b"stale" * 200000)
+        p = self.vm(["--run-for", "10"], ckpt="small")
+        self.assertEqual(p.wait_exit(), 0)
+        done = p.wait_event("restore.complete")
+        self.assertEqual(done["stale_dropped"], 1)
+        self.assertIn("no room for both", done["message"])
+        with open(os.path.join(small, "weights.bin"), "rb") as a, open(self.path("ckpt1/weights.bin"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
+    def test_a_full_disk_says_exactly_what_is_in_the_way(self):
+        # What an earlier restore set aside is never deleted by spotvisor: a
+        # restore with no room names it, with the numbers.
+        small = self.small_disk_with_a_commit_of(1024 * 1024)
+        aside = os.path.join(small, ".spotvisor-unverified", "20261101T000000Z-1")
+        os.makedirs(aside)
+        with open(os.path.join(aside, "weights.bin"), "wb") as f:
+            f.write(b"step 7" * 170000)
+        p = self.vm(["--run-for", "10"], ckpt="small")
+        self.assertEqual(p.wait_exit(), 74)
+        error = p.wait_event("restore.failed")["error"]
+        self.assertIn("No space left on device", error)
+        self.assertIn("set aside by earlier restores", error)
+        self.assertIn(".spotvisor-unverified", error)
+        self.assertIn("still to restore", error)
+        self.assertTrue(os.path.exists(os.path.join(aside, "weights.bin")), "never deleted")
+
     def test_the_sync_command_asks_the_daemon_and_reports(self):
         import subprocess
         from harness import SPOTVISOR
