@@ -176,7 +176,11 @@ const std::map<std::string, std::string> kHelp = {
      "trainer's own file names: in parallel (files of 64 MiB and up as byte ranges at once),\n"
      "each file checked against the manifest's crc32c; a pull longer than 5 s says how far it\n"
      "is on stderr every 5 s. Files already there with the right size and\n"
-     "crc32c are kept, so an interrupted pull goes on where it stopped. --sequence N: only that\n"
+     "crc32c are kept, so an interrupted pull goes on where it stopped. DIR ends up holding\n"
+     "exactly that commit: files an earlier pull put there, unedited, that it no longer holds\n"
+     "(or holds in another version) are removed; anything else that is not the commit's (a file\n"
+     "edited there, or one no pull put there) is moved to DIR/.spotvisor-replaced/TIME-PID/; the\n"
+     "summary says how many of each. --sequence N: only that\n"
      "commit (the bucket keeps a run's newest commit only; an older one is an error saying so).\n"
      "Only reads the bucket. Credentials as for\n"
      "`spotvisor runs`. Exit status: 0 pulled, 1 failed (files pulled so far stay), 64 usage.\n"},

@@ -381,6 +381,16 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
               static_cast<long long>(r->sequence), Shown(u).c_str(), Shown(dir).c_str(), r->files, r->files_downloaded,
               FormatBytes(r->bytes_downloaded).c_str(), r->files - r->files_downloaded, r->seconds,
               r->done ? " (the run is done)" : "");
+  if (r->pull_removed > 0) {
+    std::printf("removed %d file(s) an earlier pull put there that this commit no longer holds or holds in another "
+                "version\n",
+                r->pull_removed);
+  }
+  if (r->set_aside > 0) {
+    std::printf("set aside %d file(s) that are not this commit's (edited there, or not put there by a pull) in %s\n",
+                r->set_aside, Shown(r->set_aside_dir).c_str());
+  }
+  if (!r->state_warning.empty()) std::fprintf(stderr, "spotvisor pull: warning: %s\n", r->state_warning.c_str());
   return 0;
 }
 

@@ -443,9 +443,9 @@ Status WriteFileAtomically(const std::string& path, const std::string& text, mod
 // half-written checkpoint-N/ must not stay for the trainer to resume from).
 // Returns how many files were moved.
 StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& move, const SyncOptions& o,
-                       WallTime now, std::string* dir) {
+                       WallTime now, std::string* dir, const char* folder = kSetAsideDir) {
   if (move.empty()) return 0;
-  auto top = root + "/" + kSetAsideDir;
+  auto top = root + "/" + folder;
   struct stat st {};
   if (lstat(top.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
     return FailedPreconditionError(fmt::format("{} is not a directory: move it away to let a restore set files aside",
@@ -507,6 +507,42 @@ void RemoveStaleRestoreTemps(const std::string& root, int& count, std::uint64_t&
 }
 
 bool IsNoSpace(const Status& s) { return s.message().find(std::strerror(ENOSPC)) != std::string::npos; }
+
+// `spotvisor pull`'s own names in the directory it pulls into.
+constexpr const char* kPullRecord = ".spotvisor-pull.json";
+constexpr const char* kPullSetAsideDir = ".spotvisor-replaced";
+
+std::optional<std::string> ReadSmallFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return std::nullopt;
+  std::string data;
+  char buf[1 << 16];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0 && data.size() < (64u << 20);) data.append(buf, static_cast<std::size_t>(n));
+  close(fd);
+  return data;
+}
+
+// Every entry under `root` that is not a directory (files, symlinks, ...),
+// relative, with its lstat; not inside what pulls and restores set aside.
+StatusOr<std::vector<std::pair<std::string, struct stat>>> WalkAll(const std::string& root) {
+  std::vector<std::pair<std::string, struct stat>> out;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root, fs::directory_options::none, ec), end;
+  if (ec) return ErrnoToStatus(ec.value(), "reading " + Escaped(root));
+  for (; it != end; it.increment(ec)) {
+    if (ec) return ErrnoToStatus(ec.value(), "reading " + Escaped(root));
+    auto name = it->path().filename().string();
+    if (it.depth() == 0 && (name == kPullSetAsideDir || name == kSetAsideDir)) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    struct stat st {};
+    if (lstat(it->path().c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) continue;
+    out.emplace_back(fs::relative(it->path(), root).string(), st);
+  }
+  return out;
+}
 
 // Bytes under `dir` (regular files, not following symlinks).
 std::uint64_t TreeBytes(const std::string& dir) {
@@ -1080,8 +1116,61 @@ StatusOr<RestoreStats> SyncEngine::Pull(std::optional<std::int64_t> sequence, co
     stats.done_marker = Json::parse(*done, nullptr, false);
     if (stats.done_marker.is_discarded()) stats.done_marker = nullptr;
   }
+  // The directory ends up holding exactly this commit (issue #28): what an
+  // earlier pull put here, unedited, is removed where this commit no longer
+  // holds it or holds another version; anything else that is not this
+  // commit's (edited here, or never pulled) is set aside, never lost.
+  RemoveStaleRestoreTemps(o_.checkpoint_dir, stats.stale_temps_removed, stats.stale_temp_bytes);
+  auto record_path = o_.checkpoint_dir + "/" + kPullRecord;
+  std::map<std::string, std::pair<std::uint64_t, std::int64_t>> pulled_before;  // path -> size, mtime
+  if (auto before = ReadSmallFile(record_path); before) {
+    auto j = Json::parse(*before, nullptr, false);
+    if (j.is_object() && j.contains("files") && j["files"].is_array()) {
+      for (auto const& f : j["files"]) {
+        if (!f.is_object() || !f.contains("path") || !f["path"].is_string()) continue;
+        auto sz = GetInt(f, "size");
+        auto mt = GetInt(f, "mtime_ns");
+        if (sz && mt) pulled_before[f["path"].get<std::string>()] = {static_cast<std::uint64_t>(*sz), *mt};
+      }
+    }
+  }
+  std::map<std::string, const ManifestEntry*> named;
+  for (auto const& e : m->files) named[e.path] = &e;
+  std::vector<std::string> aside;
+  auto walk = WalkAll(o_.checkpoint_dir);
+  if (!walk.ok()) return walk.status();
+  for (auto const& [rel, st] : *walk) {
+    if (rel == kPullRecord) continue;
+    auto it = named.find(rel);
+    if (it != named.end() && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == it->second->size) {
+      auto crc = FileCrc32c(o_.checkpoint_dir + "/" + rel);
+      if (crc.ok() && *crc == it->second->crc) continue;  // already this commit's
+    }
+    auto was = pulled_before.find(rel);
+    bool unedited = was != pulled_before.end() && S_ISREG(st.st_mode) &&
+                    was->second == std::make_pair(static_cast<std::uint64_t>(st.st_size), Ns(st.st_mtim));
+    if (unedited) {
+      if (unlink((o_.checkpoint_dir + "/" + rel).c_str()) != 0 && errno != ENOENT) {
+        return ErrnoToStatus(errno, "removing " + Escaped(o_.checkpoint_dir + "/" + rel));
+      }
+      ++stats.pull_removed;
+      for (auto d = fs::path(rel).parent_path(); !d.empty(); d = d.parent_path()) {
+        if (rmdir((o_.checkpoint_dir + "/" + d.string()).c_str()) != 0) break;
+      }
+    } else {
+      aside.push_back(rel);
+    }
+  }
+  auto moved = SetAside(o_.checkpoint_dir, aside, o_, clock_.WallNow(), &stats.set_aside_dir, kPullSetAsideDir);
+  if (!moved.ok()) return moved.status();
+  stats.set_aside = *moved;
   FileMap pulled;
   if (auto s = DownloadCommit(*m, pulled, stats, ctx); !s.ok()) return s;
+  // What this pull put here, so that the next one knows an unedited file.
+  Json files = Json::array();
+  for (auto const& [path, u] : pulled) files.push_back({{"path", path}, {"size", u.size}, {"mtime_ns", u.mtime_ns}});
+  Json rec = {{"version", 1}, {"store", store_->Describe()}, {"sequence", m->sequence}, {"files", files}};
+  if (auto w = WriteFileAtomically(record_path, Dump(rec, 1) + "\n", 0644); !w.ok()) stats.state_warning = w.message();
   stats.resumed = true;
   stats.files = static_cast<int>(m->files.size());
   stats.sequence = m->sequence;

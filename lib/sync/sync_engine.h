@@ -200,6 +200,9 @@ struct RestoreStats {
   // bucket's commit is what the trainer starts from).
   int stale_dropped = 0;
   std::uint64_t stale_dropped_bytes = 0;
+  // `spotvisor pull`: files an earlier pull put here, unedited, that this
+  // commit no longer holds or holds in another version: removed.
+  int pull_removed = 0;
   int files = 0;
   int files_downloaded = 0;  // the rest were already there, byte-identical
   std::uint64_t bytes_downloaded = 0;
@@ -241,7 +244,11 @@ class SyncEngine {
   // nothing else: no DONE handling, no garbage collection, no state file, no
   // write to the store. `sequence`: that commit or an error saying it is not
   // kept. Files already there with the right size and crc32c are kept, so an
-  // interrupted pull goes on where it stopped.
+  // interrupted pull goes on where it stopped. The directory ends up holding
+  // exactly the commit: files an earlier pull put there (its record,
+  // CHECKPOINT_DIR/.spotvisor-pull.json) that are unedited and not this
+  // commit's are removed; anything else that is not the commit's is moved to
+  // CHECKPOINT_DIR/.spotvisor-replaced/TIME-PID/.
   StatusOr<RestoreStats> Pull(std::optional<std::int64_t> sequence, const CallContext& ctx = Background());
   // Writes the run's status.json (kRunStatus); not once fenced off.
   Status PublishRunStatus(const nlohmann::json& status, const CallContext& ctx = Background());

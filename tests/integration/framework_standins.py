@@ -16,6 +16,10 @@ framework table (read from their sources).
              zero_pp_rank_0_mp_rank_00_optim_states.pt}, then `latest`
   dcp        torch.distributed.checkpoint: step-N/ {__0_0.distcp,
              __1_0.distcp}, then .metadata.tmp renamed to .metadata
+  orbax      CheckpointManager on local disk: N.orbax-checkpoint-tmp/
+             {_CHECKPOINT_METADATA, default/...}, renamed to N/; max_to_keep=2
+             removes older steps afterwards
+  keras      ModelCheckpoint("model.keras"): one zip written in place
 
 No signal handler (as nobody writes one): SIGINT raises KeyboardInterrupt
 wherever the trainer is, mid-save included, and Python dies of the signal.
@@ -224,6 +228,60 @@ def dcp_resume(d):
     return None
 
 
+# ---- Orbax CheckpointManager (local disk) ----
+def orbax_save(args, d, step):
+    tmp = os.path.join(d, f"{step}.orbax-checkpoint-tmp")  # v0.11.20 and later
+    shutil.rmtree(tmp, ignore_errors=True)  # _create_tmp_directory removes a stale one
+    os.makedirs(os.path.join(tmp, "default"))
+    with open(os.path.join(tmp, "_CHECKPOINT_METADATA"), "w") as f:
+        json.dump({"init_timestamp_nsecs": time.time_ns()}, f)
+    Slow(args, step).write(os.path.join(tmp, "default", "array.bin"), bytes([step % 251]) * args.size,
+                           stall=args.stall_at == step)
+    with open(os.path.join(tmp, "default", "_METADATA"), "w") as f:
+        json.dump({"step": step, "size": args.size}, f)
+    os.rename(tmp, os.path.join(d, str(step)))  # AtomicRenameTemporaryPath.finalize: the commit
+    # max_to_keep=2: older steps go after the new one is committed.
+    steps = sorted((int(n) for n in os.listdir(d) if n.isdigit()), reverse=True)
+    for old in steps[2:]:
+        shutil.rmtree(os.path.join(d, str(old)), ignore_errors=True)
+
+
+def orbax_resume(d):
+    # latest_step(): the highest step directory whose name is final.
+    steps = [int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n))]
+    if not steps:
+        return None
+    n = max(steps)
+    with open(os.path.join(d, str(n), "default", "_METADATA")) as f:
+        meta = json.load(f)
+    with open(os.path.join(d, str(n), "default", "array.bin"), "rb") as f:
+        data = f.read()
+    if meta["step"] != n or len(data) != meta["size"] or set(data) != {n % 251}:
+        raise ValueError(f"step {n} is not the save its metadata describes")
+    return n
+
+
+# ---- Keras: ModelCheckpoint("model.keras"), one zip written in place ----
+def keras_save(args, d, step):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:  # saving_lib: config, metadata, weights
+        z.writestr("config.json", json.dumps({"step": step}))
+        z.writestr("metadata.json", json.dumps({"keras_version": "3.x"}))
+        z.writestr("model.weights.h5", bytes([step % 251]) * args.size)
+    Slow(args, step).write(os.path.join(d, "model.keras"), buf.getvalue(), stall=args.stall_at == step)
+
+
+def keras_resume(d):
+    p = os.path.join(d, "model.keras")
+    if not os.path.exists(p):
+        return None
+    with zipfile.ZipFile(p) as z:  # keras.models.load_model: a zip cut short does not open
+        step = json.loads(z.read("config.json"))["step"]
+        if set(z.read("model.weights.h5")) != {step % 251}:
+            raise ValueError("model.keras holds weights of another step")
+    return step
+
+
 # ---- plain PyTorch: torch.save of one file, in place ----
 def plain_save(args, d, step):
     Slow(args, step).write(os.path.join(d, "model.pt"), torch_zip(step, args.size), stall=args.stall_at == step)
@@ -239,6 +297,8 @@ FRAMEWORKS = {
     "lightning": (lightning_save, lightning_resume),
     "deepspeed": (deepspeed_save, deepspeed_resume),
     "dcp": (dcp_save, dcp_resume),
+    "orbax": (orbax_save, orbax_resume),
+    "keras": (keras_save, keras_resume),
     "plain": (plain_save, plain_resume),
 }
 

@@ -116,6 +116,58 @@ class LaptopCommandsTest(SpotvisorTestCase):
         self.assertEqual(self.cli("pull", "not-a-url").returncode, 64)
         self.assertEqual(self.cli("pull", "--sequence", "zero", f"gs://{self.BUCKET}/exp/run2").returncode, 64)
 
+    def commit(self, files, remove=()):
+        """One boot of run3 that commits ckpt3 holding `files` (name -> bytes) and not `remove`."""
+        os.makedirs(self.path("ckpt3"), exist_ok=True)
+        for name in remove:
+            os.remove(self.path(f"ckpt3/{name}"))
+        for name, data in files.items():
+            with open(self.path(f"ckpt3/{name}"), "wb") as f:
+                f.write(data)
+        p = self.vm("run3", "ckpt3", ["--run-for", "10", "--exit-code", "1"])
+        self.assertEqual(p.wait_exit(), 1)
+        p.wait_event("sync.complete", kind="final")
+
+    def test_a_second_pull_leaves_exactly_the_newest_commit_and_sets_local_edits_aside(self):
+        # Issue #28: a pull into a directory holding an earlier pull left files
+        # of two commits mixed and overwrote a file the user had edited.
+        self.commit({"a.bin": b"a1" * 1000, "b.bin": b"b1" * 1000, "c.bin": b"c1" * 1000})
+        dest = self.path("pulled3")
+        first = self.cli("pull", f"gs://{self.BUCKET}/exp/run3", dest)
+        self.assertEqual(first.returncode, 0, first.stderr)
+        with open(os.path.join(dest, "a.bin"), "wb") as f:
+            f.write(b"my edit")  # edited on the laptop
+        with open(os.path.join(dest, "notes.txt"), "w") as f:
+            f.write("mine")      # never pulled
+        self.commit({"b.bin": b"b2" * 1000, "d.bin": b"d2" * 1000}, remove=["c.bin"])
+        second = self.cli("pull", f"gs://{self.BUCKET}/exp/run3", dest)
+        self.assertEqual(second.returncode, 0, second.stderr)
+        here = {}
+        for d, dirs, files in os.walk(dest):
+            dirs[:] = [x for x in dirs if x != ".spotvisor-replaced"]
+            for name in files:
+                rel = os.path.relpath(os.path.join(d, name), dest)
+                if rel != ".spotvisor-pull.json":
+                    with open(os.path.join(d, name), "rb") as f:
+                        here[rel] = f.read()
+        self.assertEqual(here, {"a.bin": b"a1" * 1000, "b.bin": b"b2" * 1000, "d.bin": b"d2" * 1000},
+                         "exactly the newest commit")
+        self.assertIn("removed 2 file(s) an earlier pull put there", second.stdout)  # c.bin, the old b.bin
+        self.assertIn("set aside 2 file(s) that are not this commit's", second.stdout)
+        aside_root = os.path.join(dest, ".spotvisor-replaced")
+        (gen,) = os.listdir(aside_root)
+        self.assertIn(os.path.join(aside_root, gen), second.stdout)
+        with open(os.path.join(aside_root, gen, "a.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"my edit")
+        with open(os.path.join(aside_root, gen, "notes.txt")) as f:
+            self.assertEqual(f.read(), "mine")
+        # Pulled again with nothing new: nothing removed, nothing set aside, nothing downloaded.
+        third = self.cli("pull", f"gs://{self.BUCKET}/exp/run3", dest)
+        self.assertEqual(third.returncode, 0, third.stderr)
+        self.assertRegex(third.stdout, r"3 file\(s\), 0 downloaded")
+        self.assertNotIn("removed", third.stdout)
+        self.assertNotIn("set aside", third.stdout)
+
     def test_gc_lists_by_default_and_deletes_only_when_asked_never_a_running_run(self):
         self.two_runs()  # run1 finished first, run2 later
         self.gcs.put_object(self.BUCKET, "exp/live/status.json",
@@ -251,6 +303,7 @@ class LaptopCredentialsTest(LaptopCommandsTest):
     test_runs_lists_each_run_with_how_it_ended = None
     test_pull_brings_the_newest_commit_back_under_the_trainers_names_and_resumes = None
     test_gc_lists_by_default_and_deletes_only_when_asked_never_a_running_run = None
+    test_a_second_pull_leaves_exactly_the_newest_commit_and_sets_local_edits_aside = None
 
 
 if __name__ == "__main__":
