@@ -3,7 +3,7 @@
 (python/spotvisor.py, issue #29).
 
 For each framework's stand-in (tests/integration/framework_standins.py: the
-Hugging Face Trainer, Lightning, DeepSpeed, DCP and plain torch.save, each
+Hugging Face Trainer, Lightning, DeepSpeed, DCP, Orbax, Keras and plain torch.save, each
 saving exactly as the framework does; the transformers and Lightning loops
 for the helper are tests/fakes/frameworks/), each run boots a "VM"
 (`spotvisor run` against the fake metadata server, a file:// bucket), lets
@@ -39,7 +39,7 @@ import benchlib as B
 
 STANDINS = os.path.join(B.ROOT, "tests", "integration", "framework_standins.py")
 PYTHON = "/usr/bin/python3"
-FRAMEWORKS = ("hf", "lightning", "deepspeed", "dcp", "plain")
+FRAMEWORKS = ("hf", "lightning", "deepspeed", "dcp", "orbax", "keras", "plain")
 
 
 def log_lines(path):
