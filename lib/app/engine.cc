@@ -875,6 +875,10 @@ StatusOr<std::shared_ptr<GangSession>> MakeGangSession(const Config& c, const Me
   o.self.zone = metadata.zone;
   o.self.boot_id = BootId();
   o.self.command_hash = CommandHash(c.command);
+  o.self.run_id = c.run_id;
+  o.self.bucket = c.bucket;
+  o.self.checkpoint = c.gang_checkpoint_all ? "all" : "leader";
+  o.self.launch = c.gang_launch_leader ? "leader" : "each";
   o.self.gpus = CountGpus();
   o.self.size = c.gang_size;
   bool plain = !o.self.ip.empty() && o.self.ip.size() <= 64 &&

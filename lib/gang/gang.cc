@@ -135,13 +135,30 @@ Status CheckAgreement(const std::string& gang, const GangMember& self, const std
           "every member runs the same command",
           Quoted(gang), who(self), Quoted(self.command_hash), who(m), Quoted(m.command_hash)));
     }
+    // Two runs under one gang name (project metadata sets spotvisor-gang,
+    // each VM its own run-id) would train together and mix their work.
+    struct Field {
+      const char* key;
+      const std::string& mine;
+      const std::string& theirs;
+    };
+    for (const Field& f : {Field{"run-id", self.run_id, m.run_id}, Field{"bucket", self.bucket, m.bucket},
+                           Field{"gang-checkpoint", self.checkpoint, m.checkpoint},
+                           Field{"gang-launch", self.launch, m.launch}}) {
+      if (f.mine.empty() || f.theirs.empty() || f.mine == f.theirs) continue;
+      return FailedPreconditionError(fmt::format(
+          "gang {}: members disagree on {}: {} has {}, {} has {}; refusing to form: one gang is one run (give each "
+          "run its own gang name, or every member the same {})",
+          Quoted(gang), f.key, who(self), Quoted(f.mine), who(m), Quoted(f.theirs), f.key));
+    }
   }
   return OkStatus();
 }
 
 std::string MemberJson(const GangMember& m) {
   return Dump(json{{"instance", m.instance}, {"ip", m.ip}, {"zone", m.zone}, {"gpus", m.gpus}, {"size", m.size},
-                   {"command_hash", m.command_hash}, {"boot_id", m.boot_id}});
+                   {"command_hash", m.command_hash}, {"boot_id", m.boot_id}, {"run_id", m.run_id}, {"bucket", m.bucket},
+                   {"checkpoint", m.checkpoint}, {"launch", m.launch}});
 }
 
 StatusOr<GangMember> ParseMember(std::string_view text) {
@@ -151,6 +168,8 @@ StatusOr<GangMember> ParseMember(std::string_view text) {
   std::int64_t gpus = 0, size = 0;
   Status s = First({Str(*j, "instance", true, m.instance), Str(*j, "ip", true, m.ip), Str(*j, "zone", false, m.zone),
                     Str(*j, "boot_id", false, m.boot_id), Str(*j, "command_hash", false, m.command_hash),
+                    Str(*j, "run_id", false, m.run_id), Str(*j, "bucket", false, m.bucket),
+                    Str(*j, "checkpoint", false, m.checkpoint), Str(*j, "launch", false, m.launch),
                     Int(*j, "gpus", 0, 1 << 16, gpus), Int(*j, "size", 1, 1 << 16, size)});
   if (!s.ok()) return InvalidArgumentError("a member record: " + s.message());
   m.gpus = static_cast<int>(gpus);

@@ -79,6 +79,10 @@ namespace spotvisor {
 
 struct GangMember {
   std::string instance, ip, zone, boot_id, command_hash;
+  // What the members must agree on besides size and command (issue #28): two
+  // runs under one gang name must never train together. Empty: not said (a
+  // member of an older version), not compared.
+  std::string run_id, bucket, checkpoint, launch;
   int gpus = 0;
   int size = 0;
   friend bool operator==(const GangMember&, const GangMember&) = default;

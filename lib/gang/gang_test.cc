@@ -95,8 +95,42 @@ TEST_CASE("CheckAgreement names both sides and both values", "[gang]") {
   CHECK_FALSE(CheckAgreement("g", self, {M(std::string("v\xff", 2), "10.0.0.3", 3, std::string("\xc0", 1))}).ok());
 }
 
+TEST_CASE("two runs under one gang name never form one gang: run-id, bucket, checkpoint and launch must agree", "[gang]") {
+  auto self = M("vm-a", "10.0.0.1", 2, "h1");
+  self.run_id = "run-a";
+  self.bucket = "gs://b/exp";
+  self.checkpoint = "leader";
+  self.launch = "each";
+  auto other = self;
+  other.instance = "vm-b";
+  other.ip = "10.0.0.2";
+  CHECK(CheckAgreement("g", self, {self, other}).ok());
+  auto refused = [&](std::string GangMember::*field, const std::string& value, const std::string& key) {
+    auto m = other;
+    m.*field = value;
+    Status s = CheckAgreement("g", self, {self, m});
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    INFO(s.message());
+    CHECK(s.message().find("disagree on " + key) != std::string::npos);
+    CHECK(s.message().find("\"" + self.*field + "\"") != std::string::npos);
+    CHECK(s.message().find("\"" + value + "\"") != std::string::npos);
+  };
+  refused(&GangMember::run_id, "run-b", "run-id");
+  refused(&GangMember::bucket, "gs://other/exp", "bucket");
+  refused(&GangMember::checkpoint, "all", "gang-checkpoint");
+  refused(&GangMember::launch, "leader", "gang-launch");
+  // A member that does not say (an older spotvisor) is not refused for it.
+  auto old = other;
+  old.run_id.clear();
+  CHECK(CheckAgreement("g", self, {self, old}).ok());
+}
+
 TEST_CASE("member records round-trip and are checked", "[gang]") {
   auto m = M("vm-a", "10.0.0.1");
+  m.run_id = "r";
+  m.bucket = "gs://b";
+  m.checkpoint = "all";
+  m.launch = "leader";
   auto back = ParseMember(MemberJson(m));
   REQUIRE(back.ok());
   CHECK(*back == m);

@@ -427,6 +427,23 @@ class GangTest(GangTestCase):
                 self.assertIn("vm-1", failed["message"])
                 self.assertIn("size", failed["message"])
 
+    def test_two_runs_under_one_gang_name_refuse_to_form_and_name_both_run_ids(self):
+        # Issue #28: project metadata sets spotvisor-gang, each VM its own
+        # run-id: ranks of run A and run B trained together.
+        a = self.start_member(0, size=2, **{"gang-form-timeout": "8s", "run-id": "run-a"})
+        b = self.start_member(1, size=2, **{"gang-form-timeout": "8s", "run-id": "run-b"})
+        codes = sorted(p.wait_exit(timeout=30) for p in (a, b))
+        self.assertIn(codes, ([78, 78], [75, 78]))
+        said = []
+        for p in (a, b):
+            self.assertFalse(p.find("trainer.start"), "nobody trains")
+            said += [e["message"] for e in p.find("gang.form_failed")]
+        self.assertTrue(said)
+        for message in said:
+            self.assertIn("disagree on run-id", message)
+            self.assertIn('"run-a"', message)
+            self.assertIn('"run-b"', message)
+
     def test_etcd_down_at_boot_is_waited_out(self):
         self.etcd.stop()
         procs = [self.start_member(k, size=2) for k in range(2)]
