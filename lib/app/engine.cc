@@ -342,15 +342,21 @@ std::shared_ptr<SyncEngine> MakeSyncEngine(const Config& c, const MetadataSnapsh
     store = MakeGcsStore(c, loc->bucket, loc->prefix.empty() ? c.run_id : loc->prefix + "/" + c.run_id, mode, clock);
   }
   SyncOptions so;
+  // The run's root (PREFIX/RUN_ID), shared: the sync engine's store (or, in a
+  // gang-checkpoint = all run, the rank's view of it) and the run's claim.
+  auto run_store = std::shared_ptr<ObjectStore>(std::move(store));
+  if (gang_stores) gang_stores->claims = run_store;
   if (!c.gang.empty() && c.gang_checkpoint_all && gang_stores) {
     // gang-checkpoint = all: this rank's own commits under RUN_ID/rank-K/
     // (K known once the gang formed), the sets' shares pinned.
-    gang_stores->run = std::shared_ptr<ObjectStore>(std::move(store));
+    gang_stores->run = run_store;
     gang_stores->rank = std::make_shared<RankStore>(gang_stores->run);
     auto rank_store = gang_stores->rank;
     store = std::make_unique<SharedStore>(rank_store);
     so.pinned_prefix = kSetsDir;
     so.done_once = true;
+  } else {
+    store = std::make_unique<SharedStore>(run_store);
   }
   so.checkpoint_dir = c.checkpoint_dir;
   so.run_id = c.run_id;
@@ -755,6 +761,9 @@ int RunEngine(const EngineOptions& options) {
     so.sync = MakeSyncEngine(config, metadata, options.mode, clock, &gang_stores);
     so.gang_run_store = gang_stores.run;
     so.gang_rank_store = gang_stores.rank;
+    so.claim = std::make_shared<RunClaim>(gang_stores.claims, config.run_id,
+                                          metadata.instance_name.empty() ? Hostname() : metadata.instance_name,
+                                          std::chrono::duration_cast<std::chrono::seconds>(config.run_claim_ttl), clock);
     logger.Info("sync.configured",
                 fmt::format("checkpoints in {} are synced to {} every {}", config.checkpoint_dir, so.sync->Describe(),
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),

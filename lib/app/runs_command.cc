@@ -13,6 +13,7 @@
 #include "log/logger.h"
 #include "metadata/metadata_client.h"
 #include "output/utf8.h"
+#include "run/claim.h"
 #include "retry/backoff_policy.h"
 #include "retry/retry_policy.h"
 #include "storage/file_object_store.h"
@@ -118,6 +119,7 @@ struct RunRow {
   int objects = 0;
   std::vector<ObjectInfo> object_list;  // every object under RUN_ID/
   std::string problem;  // a file of the run that could not be read
+  RunClaims claims;     // who holds the run (run/claim.h)
 };
 
 std::optional<Json> ReadJson(ObjectStore& store, const std::string& name, std::string& problem) {
@@ -163,7 +165,9 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
     r.objects += 1;
     r.objects_bytes += obj.size;
     r.object_list.push_back(obj);
-    if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus) is_run[id] = true;
+    if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus || rest.rfind(kClaimsDir, 0) == 0) {
+      is_run[id] = true;
+    }
   }
   std::vector<RunRow> rows;
   for (auto& [id, r] : runs) {
@@ -193,6 +197,10 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
       r.state = "done";
       r.exit_code = Int(*done, "exit_code");
     }
+    // A VM holds a live claim: the run is running, whatever status.json says
+    // (only rank 0 of a gang writes it, and only after its restore).
+    r.claims = ReadClaims(s, id, r.object_list, Background());
+    if (r.state != "done" && r.claims.AnyLive(TheClock().WallNow())) r.state = "running";
     rows.push_back(r);
   }
   return rows;
@@ -287,11 +295,38 @@ int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::c
   int rank = 0;
   for (auto const& a : runs) {
     auto const& r = *a.run;
+    // Newest first: every run takes its place in --keep's count, kept for
+    // another reason or not.
+    bool beyond_keep = !keep || rank++ >= *keep;
+    // Live from the moment a VM claims it (before its restore, in every rank)
+    // until it ends (issue #28); a claim nobody renews expires.
+    if (!r.claims.problems.empty()) {
+      std::printf("keep    %s: cannot read a claim on it (%s): it may be running\n", Shown(r.run_id).c_str(),
+                  Shown(r.claims.problems.front()).c_str());
+      continue;
+    }
+    const Claim* live = nullptr;
+    std::chrono::seconds ttl = std::chrono::minutes(10);
+    for (auto const& c : r.claims.claims) {
+      ttl = std::max(ttl, c.ttl);
+      if (c.LiveAt(now) && (!live || c.expires_at > live->expires_at)) live = &c;
+    }
+    if (live) {
+      std::printf("keep    %s: %s holds a live claim on it (%s, renewed %s, expires %s)\n", Shown(r.run_id).c_str(),
+                  Shown(live->instance).c_str(), Shown(live->state).c_str(), FormatRfc3339(live->renewed_at).c_str(),
+                  FormatRfc3339(live->expires_at).c_str());
+      continue;
+    }
     if (r.state == "running") {
       std::printf("keep    %s: its VM says it is running (since %s)\n", Shown(r.run_id).c_str(), Shown(r.since).c_str());
       continue;
     }
-    bool beyond_keep = !keep || rank++ >= *keep;
+    if (auto committed = ParseRfc3339(r.committed_at);
+        r.state != "done" && committed && now - *committed < ttl + kClaimSkew) {
+      std::printf("keep    %s: committed at %s, within a claim's lifetime (%lld s): it may still be running\n",
+                  Shown(r.run_id).c_str(), FormatRfc3339(*committed).c_str(), static_cast<long long>(ttl.count()));
+      continue;
+    }
     bool old_enough = !older_than || (a.last && now - *a.last > *older_than);
     if (beyond_keep && old_enough) {
       doomed.push_back(&a);

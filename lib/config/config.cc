@@ -380,6 +380,11 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   }
   c.sync_interval = res.Duration("sync-interval", c.sync_interval);
   c.sync_settle = res.Duration("sync-settle", c.sync_settle);
+  c.run_claim_ttl = res.Duration("run-claim-ttl", c.run_claim_ttl);
+  if (c.run_claim_ttl < std::chrono::minutes(1) || c.run_claim_ttl > std::chrono::hours(24) ||
+      c.run_claim_ttl.count() % 1000 != 0) {
+    res.Error("run-claim-ttl", "must be whole seconds from 1m to 24h");
+  }
   if (Trim(res.Get("sync-alert-after").value).empty()) {
     c.sync_alert_after = 3 * c.sync_interval;
   } else {

@@ -79,6 +79,7 @@ struct Config {
   int sync_parallelism = 4;
   std::uint64_t sync_parallel_min_size = 64u << 20;  // 0: never parallel parts
   std::chrono::milliseconds sync_settle{10'000};
+  std::chrono::milliseconds run_claim_ttl{600'000};  // run/claim.h
   std::string storage_endpoint;
   bool restart_on_failure = false;
   int max_restarts = 3;

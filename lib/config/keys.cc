@@ -74,6 +74,9 @@ const std::vector<KeySpec>& AllKeys() {
       {"sync-parallel-min-size", "64M",
        "Files at least this large are uploaded as parts in parallel and composed into one object (a parallel "
        "composite upload), and restored as byte ranges in parallel (0: never)"},
+      {"run-claim-ttl", "10m",
+       "How long this VM's claim on the run (RUN_ID/claims/ in the bucket) lives unless renewed; renewed every third "
+       "of it, from before the restore until the run ends, so `spotvisor gc` never deletes a live run (1m to 24h)"},
       {"sync-settle", "10s",
        "Files changed more recently than this are left for the next periodic sync (a save may still be under way, "
        "pauses included); framework saves, the completion marker and one-file savers are judged sooner"},

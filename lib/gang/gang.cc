@@ -1,5 +1,7 @@
 #include "gang/gang.h"
 
+#include "common/random.h"
+
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -182,7 +184,7 @@ std::string GenerationJson(const Generation& g) {
   for (const auto& m : g.members) {
     members.push_back({{"instance", m.instance}, {"ip", m.ip}, {"rank", m.rank}, {"registered", m.registered}});
   }
-  return Dump(json{{"generation", g.number}, {"formed_at", g.formed_at}, {"members", members}});
+  return Dump(json{{"generation", g.number}, {"formed_at", g.formed_at}, {"set_id", g.set_id}, {"members", members}});
 }
 
 StatusOr<Generation> ParseGeneration(std::string_view text) {
@@ -191,7 +193,7 @@ StatusOr<Generation> ParseGeneration(std::string_view text) {
   auto bad = [](const std::string& why) { return InvalidArgumentError("a generation record: " + why); };
   Generation g;
   if (auto s = First({Int(*j, "generation", 1, std::numeric_limits<std::int64_t>::max(), g.number),
-                      Str(*j, "formed_at", false, g.formed_at)});
+                      Str(*j, "formed_at", false, g.formed_at), Str(*j, "set_id", false, g.set_id)});
       !s.ok()) {
     return bad(s.message());
   }
@@ -499,7 +501,7 @@ Status GangCoordinator::WaitForChange(std::int64_t revision, const CallContext& 
 StatusOr<std::optional<Generation>> GangCoordinator::TryCommit(const Snapshot& s, const std::vector<RankedMember>& chosen,
                                                                const CallContext& ctx) {
   const std::string key = prefix_ + "generation";
-  Generation g{s.Highest() + 1, FormatRfc3339(clock_.WallNow()), chosen};
+  Generation g{s.Highest() + 1, FormatRfc3339(clock_.WallNow()), chosen, fmt::format("{:016x}", RandomSeed())};
   for (auto& m : g.members) m.registered = s.members.at(m.instance).create_revision;
   std::vector<EtcdCompare> cmp;
   if (s.generation_mod == 0) {

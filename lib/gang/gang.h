@@ -102,6 +102,10 @@ struct Generation {
   std::int64_t number = 0;
   std::string formed_at;
   std::vector<RankedMember> members;  // rank order: members[i].rank == i
+  // Minted with the generation (16 hex digits): names its checkpoint set
+  // (gang-checkpoint = all) so that no later etcd, counting generations from
+  // 1 again, can name another set the same. "": an older version's record.
+  std::string set_id;
   friend bool operator==(const Generation&, const Generation&) = default;
 };
 

@@ -43,7 +43,7 @@ TEST_CASE("AssignRanks: non-IPv4 addresses after IPv4 ones, by string, then inst
 }
 
 TEST_CASE("AssignRanks keeps the previous ranks of live instances and fills gaps by IP", "[gang]") {
-  Generation prev{1, "t", {{"c", "10.0.0.3", 0}, {"a", "10.0.0.1", 1}, {"b", "10.0.0.2", 2}}};
+  Generation prev{1, "t", {{"c", "10.0.0.3", 0}, {"a", "10.0.0.1", 1}, {"b", "10.0.0.2", 2}}, ""};
   SECTION("the same members come back, one with a new IP: same ranks, the new IP") {
     auto r = AssignRanks({M("a", "10.0.0.1"), M("b", "10.0.0.2"), M("c", "10.0.0.99")}, 3, prev);
     CHECK(Names(r) == Names_{"c", "a", "b"});
@@ -69,7 +69,7 @@ TEST_CASE("AssignRanks keeps the previous ranks of live instances and fills gaps
     CHECK(Names(r) == Names_{"c", "a"});
   }
   SECTION("a hostile previous record (bad ranks, duplicates) does not break it") {
-    Generation odd{2, "t", {{"a", "x", 7}, {"b", "x", -1}, {"c", "x", 1}, {"c", "x", 0}}};
+    Generation odd{2, "t", {{"a", "x", 7}, {"b", "x", -1}, {"c", "x", 1}, {"c", "x", 0}}, ""};
     auto r = AssignRanks({M("a", "10.0.0.1"), M("b", "10.0.0.2"), M("c", "10.0.0.3")}, 3, odd);
     CHECK(Names(r) == Names_{"a", "c", "b"});
   }
@@ -147,7 +147,7 @@ TEST_CASE("member records round-trip and are checked", "[gang]") {
 }
 
 TEST_CASE("generation records round-trip and are checked", "[gang]") {
-  Generation g{7, "2026-11-25T08:00:00.000Z", {{"a", "10.0.0.1", 0, 12}, {"b", "10.0.0.2", 1, 0}}};
+  Generation g{7, "2026-11-25T08:00:00.000Z", {{"a", "10.0.0.1", 0, 12}, {"b", "10.0.0.2", 1, 0}}, "0123456789abcdef"};
   auto back = ParseGeneration(GenerationJson(g));
   REQUIRE(back.ok());
   CHECK(*back == g);

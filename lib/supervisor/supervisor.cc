@@ -157,6 +157,21 @@ void AddHelperToPythonPath(std::vector<std::string>& env) {
   env.push_back("PYTHONPATH=" + dir);
 }
 
+// The checkpoint set of a generation (gang-checkpoint = all): its number,
+// when it was formed and the id minted with it (sync/checkpoint_set.h). A
+// record from an older version has no id: its set is named as before.
+SetId SetOf(const Generation& g, int size) {
+  SetId s;
+  s.generation = g.number;
+  bool id_ok = g.set_id.size() == 16 && g.set_id.find_first_not_of("0123456789abcdef") == std::string::npos;
+  auto formed = ParseRfc3339(g.formed_at);
+  if (!id_ok || !formed) return s;
+  s.id = g.set_id;
+  s.minted_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(formed->time_since_epoch()).count();
+  s.size = size;
+  return s;
+}
+
 StateMachineOptions MachineOptions(const Config& c) {
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
@@ -204,6 +219,7 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       watchdog_timer_(io),
       report_timer_(io),
       stall_timer_(io),
+      claim_timer_(io),
       durability_(options_.sync ? options_.config.sync_alert_after : std::chrono::milliseconds(0)) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
   boot_id_ = BootId();
@@ -258,6 +274,14 @@ void Supervisor::OnTransferProgress(const SyncProgress& p) {
 Supervisor::~Supervisor() {
   // No gang callback may post to the loop once this object is gone.
   if (options_.gang) options_.gang->Stop(std::chrono::seconds(2));
+  // The run ended here (whatever path it took): the claim goes, within 2 s;
+  // if it cannot, it expires by itself.
+  if (options_.claim && !claim_released_) {
+    CallContext ctx;
+    ctx.clock = &clock_;
+    ctx.deadline = clock_.Now() + std::chrono::seconds(2);
+    ReleaseClaim(ctx);
+  }
   CancelAllWork();
   std::size_t left = pool_.Shutdown(std::chrono::seconds(5));
   if (left > 0) {
@@ -417,7 +441,21 @@ void Supervisor::OnUpcomingMaintenance(const std::string& body) {
 
 void Supervisor::Dispatch(const Event& e) {
   if (exited_) return;
-  for (auto const& a : machine_.Handle(e, clock_.Now())) Execute(a);
+  auto actions = machine_.Handle(e, clock_.Now());
+  // The run ended on this VM (run.end: on-exit, a hold, teardown follow; a
+  // gang member that waits to form again has not ended): its claim goes,
+  // before the actions that follow unmount the bucket (sync-via = mount) or
+  // power the VM off. At most 3 s; a claim that stays expires by itself.
+  if (auto p = machine_.phase(); options_.claim && !claim_released_ &&
+                                 (p == Phase::kHolding || p == Phase::kUnmounting || p == Phase::kFinishing ||
+                                  p == Phase::kPoweringOff || p == Phase::kDone)) {
+    claim_timer_.cancel();
+    CallContext ctx;
+    ctx.clock = &clock_;
+    ctx.deadline = clock_.Now() + std::chrono::seconds(3);
+    ReleaseClaim(ctx);
+  }
+  for (auto const& a : actions) Execute(a);
   // The other members' `spotvisor status` shows this one's phase.
   if (options_.gang) {
     std::string phase = PhaseName(machine_.phase());
@@ -607,7 +645,16 @@ void Supervisor::StartRestore() {
   transfer_kind_ = "restore";
   auto run = options_.gang_run_store;
   int rank = gang_rank_, size = options_.config.gang_size;
-  pool_.Post([this, engine, ctx, run, rank, size] {
+  ArmClaimTimer();
+  auto claim = options_.claim;
+  pool_.Post([this, engine, ctx, run, rank, size, claim] {
+    // Live on the run from before the restore on (issue #28): `spotvisor gc`
+    // on a laptop must not delete what this VM is about to restore.
+    if (claim) {
+      if (auto c = claim->Renew("restoring", ctx); !c.ok()) {
+        asio::post(io_, [this, c] { logger_.Warn("run.claim_failed", c.message() + "; `spotvisor gc` may take this run for ended"); });
+      }
+    }
     if (run) {
       // gang-checkpoint = all: this rank's manifest becomes its share of the
       // newest complete set first, so no rank resumes from a save the
@@ -622,14 +669,25 @@ void Supervisor::StartRestore() {
         return;
       }
       asio::post(io_, [this, rb = *rb, rank] {
-        nlohmann::json f = {{"rank", rank}, {"set_generation", rb.generation ? nlohmann::json(*rb.generation) : nlohmann::json(nullptr)},
-                            {"rolled_back", rb.changed}, {"shares_dropped", rb.shares_dropped}};
-        logger_.Info("gang.set_restore",
-                     rb.generation ? fmt::format("rank {} restores its share of generation {}'s checkpoint set, the newest "
-                                                 "one every rank committed{}",
-                                                 rank, *rb.generation, rb.changed ? " (its own newer commit is not used)" : "")
-                                   : fmt::format("rank {}: no checkpoint set is complete yet: every rank starts from scratch", rank),
-                     f);
+        nlohmann::json f = {{"rank", rank}, {"set_generation", rb.set ? nlohmann::json(rb.set->generation) : nlohmann::json(nullptr)},
+                            {"set_id", rb.set ? nlohmann::json(rb.set->id) : nlohmann::json(nullptr)},
+                            {"rolled_back", rb.changed}, {"shares_dropped", rb.shares_dropped}, {"set_aside", rb.set_aside}};
+        std::string aside = rb.set_aside.empty()
+                                ? std::string()
+                                : fmt::format("; its own commit is kept in the bucket as {} (nothing committed is deleted)",
+                                              rb.set_aside);
+        std::string message;
+        if (rb.set && rb.set_aside.empty() && (rb.set->size == 0 || rank < rb.set->size)) {
+          message = fmt::format("rank {} restores its share of {}, the newest one every rank committed{}", rank,
+                                rb.set->Describe(), rb.changed ? " (its own newer commit is not used)" : "");
+        } else if (rb.set) {
+          message = fmt::format("rank {} is beyond {} (the gang grew): it starts from scratch, the other ranks resume "
+                                "from the set{}",
+                                rank, rb.set->Describe(), aside);
+        } else {
+          message = fmt::format("rank {}: no checkpoint set is complete yet: every rank starts from scratch{}", rank, aside);
+        }
+        logger_.Log(LogEvent{rb.set_aside.empty() ? Severity::kInfo : Severity::kWarning, "gang.set_restore", message, f});
       });
     }
     auto r = engine->Restore(ctx);
@@ -795,6 +853,35 @@ void Supervisor::ArmReportTimer() {
   });
 }
 
+void Supervisor::ArmClaimTimer() {
+  if (!options_.claim || exited_ || claim_released_) return;
+  claim_timer_.expires_after(options_.claim->ttl() / 3);
+  claim_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || exited_ || claim_released_) return;
+    RenewClaim(PhaseName(machine_.phase()));
+    ArmClaimTimer();
+  });
+}
+
+void Supervisor::RenewClaim(const std::string& state) {
+  auto claim = options_.claim;
+  CallContext ctx;
+  ctx.clock = &clock_;
+  ctx.cancel = NewWork();
+  ctx.deadline = clock_.Now() + claim->ttl() / 3;
+  pool_.Post([this, claim, ctx, state] {
+    if (claim_released_) return;
+    if (auto c = claim->Renew(state, ctx); !c.ok()) {
+      asio::post(io_, [this, c] { logger_.Warn("run.claim_failed", c.message() + "; it is tried again at the next renewal"); });
+    }
+  });
+}
+
+void Supervisor::ReleaseClaim(const CallContext& ctx) {
+  if (claim_released_.exchange(true)) return;
+  (void)options_.claim->Release(ctx);  // if it fails, the claim expires by itself
+}
+
 void Supervisor::ArmStallTimer() {
   if (exited_ || !SyncWrites()) return;
   auto next = durability_.NextCheck();
@@ -918,23 +1005,24 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   // share of that generation's set.
   std::shared_ptr<ObjectStore> run = final && gang_generation_ ? options_.gang_run_store : nullptr;
   std::int64_t generation = gang_generation_ ? gang_generation_->number : 0;
+  SetId set = gang_generation_ ? SetOf(*gang_generation_, options_.config.gang_size) : SetId{};
   int rank = gang_rank_, size = options_.config.gang_size;
-  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome, ended, run, generation, rank,
+  pool_.Post([this, engine, kind, final, write_done, exit_code, ctx, mode, outcome, ended, run, generation, set, rank,
               size]() mutable {
     auto r = engine->Sync(mode, ctx);
     Status done;
     if (run) {
       bool whole = r.ok() && !r->deferred && r->not_uploaded.empty();
-      Status shared = whole ? PrepareShare(*run, rank, generation, ctx)
+      Status shared = whole ? PrepareShare(*run, rank, set, ctx)
                             : FailedPreconditionError(r.ok() ? "the final sync did not commit the trainer's last save"
                                                              : r.status().message());
-      std::optional<std::int64_t> complete;
+      std::optional<SetId> complete;
       if (shared.ok()) {
         auto newest = NewestCompleteSet(*run, size, ctx);
         if (newest.ok()) complete = *newest;
-        if (complete && *complete == generation) (void)DropOlderShares(*run, rank, generation, ctx);
+        if (complete && *complete == set) (void)DropOlderShares(*run, rank, set, ctx);
       }
-      bool set_done = complete && *complete == generation;
+      bool set_done = complete && *complete == set;
       // DONE once the completing generation's set is whole: whichever rank
       // sees that first writes it (done_once), the others find it there.
       bool already = false;

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "common/asio.h"
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "metadata/guest_attributes.h"
 #include "sync/sync_engine.h"
 #include "sync/checkpoint_set.h"
+#include "run/claim.h"
 #include "notify/service_notifier.h"
 #include "mount/mount_manager.h"
 #include "process/children.h"
@@ -52,6 +54,8 @@ struct SupervisorOptions {
   // bucket and this member's rank store; null otherwise.
   std::shared_ptr<ObjectStore> gang_run_store;
   std::shared_ptr<RankStore> gang_rank_store;
+  // This VM's claim on the run (run/claim.h); null without a bucket.
+  std::shared_ptr<RunClaim> claim;
   // on-exit stop | delete; null without a metadata server (then: poweroff).
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
   std::string compute_api = "the Compute Engine API";  // or "the EC2 API", for messages
@@ -161,6 +165,12 @@ class Supervisor {
   boost::asio::steady_timer watchdog_timer_;
   boost::asio::steady_timer report_timer_;
   boost::asio::steady_timer stall_timer_;
+  boost::asio::steady_timer claim_timer_;
+  std::atomic<bool> claim_released_{false};
+  // Renews this VM's claim on the run every third of its lifetime (run/claim.h).
+  void ArmClaimTimer();
+  void RenewClaim(const std::string& state);
+  void ReleaseClaim(const CallContext& ctx);
   DurabilityTracker durability_;
   std::optional<UncommittedView> uncommitted_;
   std::optional<WallTime> uncommitted_as_of_;

@@ -1,11 +1,15 @@
 #include "sync/checkpoint_set.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/random.h"
 #include "common/strings.h"
 #include "output/utf8.h"
 #include "sync/manifest.h"
@@ -39,37 +43,79 @@ StatusOr<ShareInfo> ParseShare(const std::string& text, const std::string& what)
   return s;
 }
 
-// "rank-K/sets/gen-G.json" -> (K, G).
-std::optional<std::pair<int, std::int64_t>> ParseShareName(const std::string& name) {
+// A share's name -> (K, the set); nullopt for anything else. Current names:
+// "rank-K/sets/set-MINTED-gG-nN-ID.json"; an older version's:
+// "rank-K/sets/gen-G.json".
+std::optional<std::pair<int, SetId>> ParseShareName(const std::string& name) {
   if (!StartsWith(name, "rank-")) return std::nullopt;
   auto slash = name.find('/');
   if (slash == std::string::npos) return std::nullopt;
   auto rank = ParseUint64(name.substr(5, slash - 5));
+  if (!rank || *rank > 1'000'000) return std::nullopt;
   std::string rest = name.substr(slash + 1);
-  std::string head = std::string(kSetsDir) + "gen-";
-  if (!rank || *rank > 1'000'000 || !StartsWith(rest, head) || rest.size() <= head.size() + 5 ||
-      rest.compare(rest.size() - 5, 5, ".json") != 0) {
+  if (!StartsWith(rest, kSetsDir) || rest.size() < 5 || rest.compare(rest.size() - 5, 5, ".json") != 0) return std::nullopt;
+  std::string base = rest.substr(std::string(kSetsDir).size(), rest.size() - std::string(kSetsDir).size() - 5);
+  auto number = [](const std::string& t, std::int64_t max) -> std::optional<std::int64_t> {
+    auto v = ParseUint64(t);
+    if (!v || *v > static_cast<std::uint64_t>(max)) return std::nullopt;
+    return static_cast<std::int64_t>(*v);
+  };
+  SetId set;
+  if (StartsWith(base, "gen-")) {  // an older version's
+    auto g = number(base.substr(4), INT64_MAX);
+    if (!g || base.size() <= 4 + 5) return std::nullopt;
+    set.generation = *g;
+    return std::make_pair(static_cast<int>(*rank), set);
+  }
+  // set-MINTED-gG-nN-ID
+  std::vector<std::string> parts;
+  for (std::size_t at = 0;;) {
+    auto dash = base.find('-', at);
+    parts.push_back(base.substr(at, dash == std::string::npos ? std::string::npos : dash - at));
+    if (dash == std::string::npos) break;
+    at = dash + 1;
+  }
+  if (parts.size() != 5 || parts[0] != "set" || parts[2].size() < 2 || parts[2][0] != 'g' || parts[3].size() < 2 ||
+      parts[3][0] != 'n' || parts[4].size() != 16 ||
+      parts[4].find_first_not_of("0123456789abcdef") != std::string::npos) {
     return std::nullopt;
   }
-  auto gen = ParseUint64(rest.substr(head.size(), rest.size() - head.size() - 5));
-  if (!gen || *gen > static_cast<std::uint64_t>(INT64_MAX)) return std::nullopt;
-  return std::make_pair(static_cast<int>(*rank), static_cast<std::int64_t>(*gen));
+  auto minted = number(parts[1], INT64_MAX);
+  auto g = number(parts[2].substr(1), INT64_MAX);
+  auto n = number(parts[3].substr(1), 100'000);
+  if (!minted || !g || !n || *n < 1) return std::nullopt;
+  set.minted_ns = *minted;
+  set.generation = *g;
+  set.size = static_cast<int>(*n);
+  set.id = parts[4];
+  return std::make_pair(static_cast<int>(*rank), set);
 }
 
-// Every share of ranks 0..size-1: generation -> ranks holding one. One
-// listing of each rank's sets/ (a few objects), not of "rank-", which holds
-// every rank's checkpoint objects too.
-StatusOr<std::map<std::int64_t, std::set<int>>> Shares(ObjectStore& run, int size, const CallContext& ctx) {
-  std::map<std::int64_t, std::set<int>> by_gen;
-  for (int k = 0; k < size; ++k) {
+// Every share: the set -> the ranks holding one. One listing of each rank's
+// sets/ (a few objects), not of "rank-", which holds every rank's checkpoint
+// objects too: ranks 0..size-1, then on while a set seen is bigger.
+StatusOr<std::vector<std::pair<SetId, std::set<int>>>> Shares(ObjectStore& run, int size, const CallContext& ctx) {
+  std::vector<std::pair<SetId, std::set<int>>> sets;
+  int upto = size;
+  for (int k = 0; k < upto && k < 100'000; ++k) {
     auto listed = run.List(RankDir(k) + kSetsDir, ctx);
     if (!listed.ok()) return listed.status();
     for (auto const& o : *listed) {
-      if (auto p = ParseShareName(o.name); p && p->first == k) by_gen[p->second].insert(k);
+      auto p = ParseShareName(o.name);
+      if (!p || p->first != k) continue;
+      upto = std::max(upto, p->second.size);
+      auto it = std::find_if(sets.begin(), sets.end(), [&](auto const& e) { return e.first == p->second; });
+      if (it == sets.end()) {
+        sets.push_back({p->second, {}});
+        it = std::prev(sets.end());
+      }
+      it->second.insert(k);
     }
   }
-  return by_gen;
+  return sets;
 }
+
+std::string RandomId() { return fmt::format("{:016x}", RandomSeed()); }
 
 }  // namespace
 
@@ -153,11 +199,22 @@ std::string RankStore::Describe() const {
   return run_->Describe() + (r < 0 ? std::string("/rank-?") : fmt::format("/rank-{}", r));
 }
 
-std::string SetShareName(int rank, std::int64_t generation) {
-  return fmt::format("{}{}gen-{:012}.json", RankDir(rank), kSetsDir, generation);
+std::string SetId::Describe() const {
+  if (id.empty()) return fmt::format("generation {}'s set", generation);
+  return fmt::format("generation {}'s set ({}, {} rank(s))", generation, id, size);
 }
 
-Status PrepareShare(ObjectStore& run, int rank, std::int64_t generation, const CallContext& ctx) {
+bool FormedAfter(const SetId& a, const SetId& b) {
+  return std::tie(a.minted_ns, a.generation, a.id) > std::tie(b.minted_ns, b.generation, b.id);
+}
+
+std::string SetShareName(int rank, const SetId& set) {
+  if (set.id.empty()) return fmt::format("{}{}gen-{:012}.json", RankDir(rank), kSetsDir, set.generation);
+  return fmt::format("{}{}set-{:019}-g{:012}-n{}-{}.json", RankDir(rank), kSetsDir, set.minted_ns, set.generation,
+                     set.size, set.id);
+}
+
+Status PrepareShare(ObjectStore& run, int rank, const SetId& set, const CallContext& ctx) {
   auto manifest = run.ReadBytes(RankDir(rank) + kManifestObject, nullptr, ctx);
   std::string text;
   if (manifest.ok()) {
@@ -170,27 +227,31 @@ Status PrepareShare(ObjectStore& run, int rank, std::int64_t generation, const C
     return manifest.status();
   }
   // Rewriting a share with the same text (a retry) is harmless.
-  auto up = run.UploadBytes(SetShareName(rank, generation), text, {}, ctx);
+  auto up = run.UploadBytes(SetShareName(rank, set), text, {}, ctx);
   return up.ok() ? OkStatus() : up.status();
 }
 
-StatusOr<std::optional<std::int64_t>> NewestCompleteSet(ObjectStore& run, int size, const CallContext& ctx) {
+StatusOr<std::optional<SetId>> NewestCompleteSet(ObjectStore& run, int size, const CallContext& ctx) {
   if (size <= 0) return InvalidArgumentError("a gang set needs a size of at least 1");
   auto shares = Shares(run, size, ctx);
   if (!shares.ok()) return shares.status();
-  for (auto it = shares->rbegin(); it != shares->rend(); ++it) {
-    if (it->second.size() == static_cast<std::size_t>(size)) return std::optional<std::int64_t>(it->first);
+  std::optional<SetId> newest;
+  for (auto const& [set, ranks] : *shares) {
+    int n = set.size > 0 ? set.size : size;
+    bool whole = true;
+    for (int k = 0; k < n && whole; ++k) whole = ranks.count(k) > 0;
+    if (whole && (!newest || FormedAfter(set, *newest))) newest = set;
   }
-  return std::optional<std::int64_t>();
+  return newest;
 }
 
-StatusOr<int> DropOlderShares(ObjectStore& run, int rank, std::int64_t generation, const CallContext& ctx) {
+StatusOr<int> DropOlderShares(ObjectStore& run, int rank, const SetId& newest, const CallContext& ctx) {
   auto listed = run.List(RankDir(rank) + kSetsDir, ctx);
   if (!listed.ok()) return listed.status();
   int dropped = 0;
   for (auto const& o : *listed) {
     auto p = ParseShareName(o.name);
-    if (!p || p->first != rank || p->second >= generation) continue;
+    if (!p || p->first != rank || !FormedAfter(newest, p->second)) continue;
     if (auto s = run.Delete(o.name, Precondition{o.generation}, ctx); !s.ok()) return s;
     ++dropped;
   }
@@ -201,7 +262,7 @@ StatusOr<RollBack> RollBackToNewestSet(ObjectStore& run, int rank, int size, con
   RollBack out;
   auto newest = NewestCompleteSet(run, size, ctx);
   if (!newest.ok()) return newest.status();
-  out.generation = *newest;
+  out.set = *newest;
   std::string manifest_name = RankDir(rank) + kManifestObject;
   ObjectInfo current_info;
   auto current = run.ReadBytes(manifest_name, &current_info, ctx);
@@ -214,10 +275,13 @@ StatusOr<RollBack> RollBackToNewestSet(ObjectStore& run, int rank, int size, con
   Precondition pre{current.ok() ? current_info.generation : 0};
   std::optional<ShareInfo> want;
   std::string want_text;
-  if (out.generation) {
-    auto text = run.ReadBytes(SetShareName(rank, *out.generation), nullptr, ctx);
+  // A rank beyond the set's size (the gang grew) has no share of it: it
+  // starts fresh, the others resume from the set.
+  bool has_share = out.set && (out.set->size == 0 ? rank < size : rank < out.set->size);
+  if (has_share) {
+    auto text = run.ReadBytes(SetShareName(rank, *out.set), nullptr, ctx);
     if (!text.ok()) return text.status();
-    auto s = ParseShare(*text, run.Describe() + "/" + SetShareName(rank, *out.generation));
+    auto s = ParseShare(*text, run.Describe() + "/" + SetShareName(rank, *out.set));
     if (!s.ok()) return s.status();
     want = *s;
     want_text = std::move(*text);
@@ -225,6 +289,13 @@ StatusOr<RollBack> RollBackToNewestSet(ObjectStore& run, int rank, int size, con
   bool want_nothing = !want || want->empty;
   if (want_nothing) {
     if (current.ok()) {
+      // Committed work is never deleted (issue #28): a copy of the manifest
+      // stays in sets/, where the sync engine keeps what it names.
+      if (current_share && !current_share->empty) {
+        out.set_aside = fmt::format("{}{}aside-{:019}-{}.json", RankDir(rank), kSetsDir, current_info.generation, RandomId());
+        auto up = run.UploadBytes(out.set_aside, *current, Precondition{0}, ctx);
+        if (!up.ok()) return up.status();
+      }
       if (auto s = run.Delete(manifest_name, pre, ctx); !s.ok()) return s;
       out.changed = true;
     }
@@ -233,8 +304,8 @@ StatusOr<RollBack> RollBackToNewestSet(ObjectStore& run, int rank, int size, con
     if (!up.ok()) return up.status();
     out.changed = true;
   }
-  if (out.generation) {
-    auto dropped = DropOlderShares(run, rank, *out.generation, ctx);
+  if (out.set) {
+    auto dropped = DropOlderShares(run, rank, *out.set, ctx);
     if (!dropped.ok()) return dropped.status();
     out.shares_dropped = *dropped;
   }

@@ -9,6 +9,7 @@ a checkpoint, and exits when told to (a file) or on SIGINT.
 """
 import glob
 import json
+import re
 import os
 import shutil
 import signal
@@ -482,7 +483,11 @@ class GangTest(GangTestCase):
         """gang-checkpoint = all: every rank syncs its own dir under rank-K/; a
         generation counts only once every rank's final sync of it committed."""
         run = os.path.join(self.bucket, self.NAME)
-        self._checkpoint_all({}, lambda name: os.path.exists(os.path.join(run, name)))
+
+        def names(prefix):
+            d = os.path.join(run, prefix)
+            return [prefix + n for n in os.listdir(d)] if os.path.isdir(d) else []
+        self._checkpoint_all({}, lambda name: os.path.exists(os.path.join(run, name)), names)
 
     def test_checkpoint_all_on_cloud_storage(self):
         """The same against the fake Cloud Storage: prefix listings, preconditions
@@ -493,9 +498,10 @@ class GangTest(GangTestCase):
         run = f"runs/{self.NAME}/"
         # env: the spotvisor processes' environment (start_member's parameter).
         self._checkpoint_all({"bucket": "gs://gang-bucket/runs", "env": {"STORAGE_EMULATOR_HOST": f"127.0.0.1:{gcs.port}"}},
-                             lambda name: any(o["name"] == run + name for o in gcs.objects("gang-bucket", run + name)))
+                             lambda name: any(o["name"] == run + name for o in gcs.objects("gang-bucket", run + name)),
+                             lambda prefix: [o["name"][len(run):] for o in gcs.objects("gang-bucket", run + prefix)])
 
-    def _checkpoint_all(self, store, exists):
+    def _checkpoint_all(self, store, exists, names):
         sets = dict(store, **{"gang-checkpoint": "all", "gang-on-loss": "wait", "gang-reform-timeout": "60s"})
 
         def fresh_envs():
@@ -517,9 +523,15 @@ class GangTest(GangTestCase):
             share = p.wait_event("gang.share_committed", timeout=30)
             self.assertEqual((share["generation"], share["rank"]), (gen1, k), share)
         self.assertTrue(any(p.find("gang.share_committed", set_complete=True) for p in procs))
+        # Each share is named by its set: when the generation was formed, its number, the
+        # gang's size and the id minted with it (issue #28), the same in every rank.
+        ids = set()
         for k in range(3):
-            self.assertTrue(exists(f"rank-{k}/sets/gen-{gen1:012d}.json"))
+            shares = [n for n in names(f"rank-{k}/sets/") if re.fullmatch(rf"rank-{k}/sets/set-\d{{19}}-g{gen1:012d}-n3-[0-9a-f]{{16}}\.json", n)]
+            self.assertEqual(len(shares), 1, names(f"rank-{k}/sets/"))
+            ids.add(shares[0].split("/")[-1])
             self.assertTrue(exists(f"rank-{k}/manifest.json"))
+        self.assertEqual(len(ids), 1, "one set, one name")
         self.assertFalse(exists("manifest.json"), "no gang-wide manifest: each rank has its own")
         # vm-2 comes back: every rank resumes from its own shard of set 1.
         self.members["vm-2"]["metadata"].stop()

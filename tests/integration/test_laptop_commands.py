@@ -168,6 +168,39 @@ class LaptopCommandsTest(SpotvisorTestCase):
         self.assertNotIn("removed", third.stdout)
         self.assertNotIn("set aside", third.stdout)
 
+    def test_gc_never_deletes_a_run_a_vm_holds_a_live_claim_on_and_collects_one_whose_claim_expired(self):
+        # Issue #28: `gc --keep 0 --delete` deleted a run whose VM was
+        # restoring it (no status.json says running before the restore ends).
+        self.commit({"a.bin": b"a" * 300000})
+        self.gcs.fault("slow", delay_ms=60000, kind="download", object_prefix="exp/run3/checkpoints/")
+        p = self.vm("run3", "ckpt3-vm2", ["--run-for", "60000"])
+        wait_until(lambda: self.gcs.objects(self.BUCKET, "exp/run3/claims/"), what="the VM's claim")
+        p.wait_event("restore.start")
+        runs = self.cli("runs", f"gs://{self.BUCKET}/exp")
+        self.assertRegex(runs.stdout, r"run3\s+running")
+        before = {o["name"] for o in self.gcs.objects(self.BUCKET, "exp/run3/")}
+        gc = self.cli("gc", "--keep", "0", "--delete", f"gs://{self.BUCKET}/exp")
+        self.assertEqual(gc.returncode, 0, gc.stderr)
+        self.assertRegex(gc.stdout, r"keep\s+run3: spotvisor-test holds a live claim on it \(restoring, renewed \S+, expires \S+\)")
+        self.assertEqual({o["name"] for o in self.gcs.objects(self.BUCKET, "exp/run3/")}, before)
+        self.gcs.fault("none")
+        p.wait_event("restore.complete")
+        p.wait_event("trainer.start")
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
+        self.assertFalse(self.gcs.objects(self.BUCKET, "exp/run3/claims/"), "released when the run ended")
+        # A VM that died without a word: its claim expires, and with it the
+        # run's protection (its commit is older than a claim's lifetime).
+        self.put_run()
+        self.gcs.put_object(self.BUCKET, "exp/r7/claims/vm-7.0123456789abcdef.json", json.dumps({
+            "version": 1, "run_id": "r7", "instance": "vm-7", "token": "0123456789abcdef", "state": "running",
+            "claimed_at": "2026-11-24T09:00:00Z", "renewed_at": "2026-11-24T09:50:00Z",
+            "expires_at": "2026-11-24T10:00:00Z", "ttl_s": 600}).encode())
+        gc = self.cli("gc", "--keep", "0", "--delete", f"gs://{self.BUCKET}/exp")
+        self.assertEqual(gc.returncode, 0, gc.stderr)
+        self.assertRegex(gc.stdout, r"delete\s+r7")
+        self.assertFalse(self.gcs.objects(self.BUCKET, "exp/r7/"))
+
     def test_gc_lists_by_default_and_deletes_only_when_asked_never_a_running_run(self):
         self.two_runs()  # run1 finished first, run2 later
         self.gcs.put_object(self.BUCKET, "exp/live/status.json",
@@ -304,6 +337,7 @@ class LaptopCredentialsTest(LaptopCommandsTest):
     test_pull_brings_the_newest_commit_back_under_the_trainers_names_and_resumes = None
     test_gc_lists_by_default_and_deletes_only_when_asked_never_a_running_run = None
     test_a_second_pull_leaves_exactly_the_newest_commit_and_sets_local_edits_aside = None
+    test_gc_never_deletes_a_run_a_vm_holds_a_live_claim_on_and_collects_one_whose_claim_expired = None
 
 
 if __name__ == "__main__":
