@@ -332,20 +332,22 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
            m.gang_completed_ = m.gang_completed_ || e.completed;
          });
     on(In(S::kForming), formed,
-       "spawn the trainer (`gang.formed` logged); formed again after a loss (gang-on-loss = wait), or "
-       "gang-checkpoint = all: → `restoring` first (rank 0's newest commit, or this rank's share of the newest "
-       "complete set); a member that does not write checkpoints (gang-checkpoint = leader, rank > 0) will not sync",
+       "spawn the trainer (`gang.formed` logged); with a bucket, → `restoring` first, once formed, also on "
+       "first boot (rank 0's newest commit, or with gang-checkpoint = all this rank's share of the newest complete "
+       "set); a member that does not write checkpoints (gang-checkpoint = leader, rank > 0) will not sync",
        [](M& m, const GangFormed& e, SteadyTime now, Out& out) {
          m.gang_formed_ = true;
          m.sync_writes_ = e.writes_checkpoints;
-         if ((m.reforming_ || m.options_.gang_restore_after_forming) && m.options_.sync) {
-           // Formed again after a loss: every member joined only once its
-           // final sync was over, so the newest commit is in the bucket now.
+         if ((m.reforming_ || m.options_.gang_restore_after_forming || m.options_.gang_restore_on_forming) &&
+             m.options_.sync) {
+           // Every member joined only once its final sync was over (a loss,
+           // a re-formation), so the newest commit is in the bucket now.
            out.push_back(StartRestore{});
            m.Transition(State::kRestoring, now,
                         m.options_.gang_restore_after_forming
                             ? "formed: restoring this rank's share of the gang's newest complete checkpoint set"
-                            : "formed again: restoring the gang's newest checkpoint (rank 0's)");
+                            : m.reforming_ ? "formed again: restoring the gang's newest checkpoint (rank 0's)"
+                                           : "formed: restoring the gang's newest checkpoint (rank 0's), committed by now");
            return;
          }
          out.push_back(SpawnTrainer{m.reforming_ || m.restore_resumed_, m.restarts_});

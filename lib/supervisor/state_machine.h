@@ -235,6 +235,10 @@ struct StateMachineOptions {
   // gang-checkpoint = all: a member restores its rank's share only once
   // the gang formed (the rank decides what it restores), also on first boot.
   bool gang_restore_after_forming = false;
+  // A member restores (again) once the gang formed, also on first boot: rank
+  // 0's final commit of the last generation is in the bucket only then (its
+  // restore at boot stays: it finds DONE without waiting for the others).
+  bool gang_restore_on_forming = false;
   std::chrono::milliseconds gang_reform_timeout{30 * 60'000};
 };
 

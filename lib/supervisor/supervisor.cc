@@ -199,7 +199,13 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.gang_form_timeout = c.gang_form_timeout;
   o.gang_wait = c.gang_wait_on_loss;
   o.gang_reform_timeout = c.gang_reform_timeout;
+  // gang-checkpoint = all: the rank decides which share it restores, so it
+  // restores only once formed.
   o.gang_restore_after_forming = !c.gang.empty() && c.gang_checkpoint_all;
+  // Every member of a gang restores (again) once the gang formed (issue #28):
+  // a member that restored at boot, while rank 0's final sync of the last
+  // generation was still going, resumed from an older commit than the others.
+  o.gang_restore_on_forming = !c.gang.empty();
   return o;
 }
 

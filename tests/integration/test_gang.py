@@ -45,6 +45,7 @@ def save(step):
         f.write(f"step {step} by {member}\n")
     os.rename(tmp, os.path.join(ckpt, "model"))
 def on_int(signum, frame):
+    time.sleep(float(os.environ.get("SLOW_STOP", "0")))  # a trainer slow to stop: its final sync comes late
     save(start + 1)
     with open(os.path.join(out, f"sigint-{member}"), "w") as f:
         f.write(repr(time.time()))
@@ -142,7 +143,7 @@ class GangTestCase(unittest.TestCase):
             except (OSError, ValueError):
                 pass
 
-    def start_member(self, k, size=3, address=True, command=None, ip=None, env=None, **sets):
+    def start_member(self, k, size=3, address=True, command=None, ip=None, env=None, trainer_env="", **sets):
         """Member vm-K at 127.0.0.(K+2) (or `ip`): given as gang-address, or (address=False) by the metadata server."""
         name = f"vm-{k}"
         ip = ip or f"127.0.0.{k + 2}"
@@ -154,7 +155,7 @@ class GangTestCase(unittest.TestCase):
             "state-dir": os.path.join(self.tmp, f"state-{k}"), "sync-interval": "0", "sync-settle": "0s",
             "stop-timeout": "5s", "kill-timeout": "2s", "metadata-watch-timeout": "5s",
             "gang-form-timeout": "60s", "gang-lease-ttl": "3s", "gang-master-port": "29777",
-            "env": f"MEMBER={name}\nGANG_OUT={self.out}",
+            "env": f"MEMBER={name}\nGANG_OUT={self.out}" + (f"\n{trainer_env}" if trainer_env else ""),
             "on-exit": "poweroff", "shutdown-command": f"touch {self.tmp}/poweroff-{name}",
         }
         if address:
@@ -332,6 +333,34 @@ class GangTest(GangTestCase):
             self.assertEqual(p.wait_exit(timeout=30), 0)
             self.assertEqual(p.wait_event("run.end")["reason"], "completed")
         self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+
+    def test_a_member_that_boots_during_rank0s_final_sync_resumes_from_its_commit(self):
+        # Issue #28: members restored at boot, before forming, and not again
+        # after: one that booted while rank 0's final sync was still going
+        # resumed from an older commit than the others (steps 9, 7, 7).
+        wait = {"gang-on-loss": "wait", "gang-reform-timeout": "60s"}
+        procs = [self.start_member(0, size=2, trainer_env="SLOW_STOP=4", **wait),
+                 self.start_member(1, size=2, **wait)]
+        for p in procs:
+            p.wait_event("gang.formed", timeout=30)
+        for k in range(2):
+            self.env_of(f"vm-{k}")
+            os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
+        self.members["vm-1"]["metadata"].set("instance/preempted", "TRUE")
+        self.assertEqual(procs[1].wait_exit(timeout=30), 130)
+        # vm-1 is back at once: its boot's restore finds nothing yet, since
+        # rank 0's trainer takes 4 s to stop and its final sync comes after.
+        self.members["vm-1"]["metadata"].stop()
+        procs[1] = self.start_member(1, size=2, **wait)
+        procs[1].wait_event("restore.none", timeout=30)
+        self.assertFalse(procs[0].find("sync.complete", kind="final"), "rank 0 is still stopping")
+        envs = [self.env_of(f"vm-{k}", timeout=40) for k in range(2)]
+        for e in envs:
+            self.assertEqual((e["start_step"], e["ckpt_by"]), (1, "vm-0"), "every rank from rank 0's final commit")
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
 
     def test_gang_on_loss_wait_gives_up_after_the_reform_timeout(self):
         wait = {"gang-on-loss": "wait", "gang-reform-timeout": "3s"}
