@@ -494,18 +494,18 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        "every trainer finished (`completed`): the final sync writes DONE; else the final sync without it (`gang-ended`)",
        [](M& m, const GangEnded&, SteadyTime now, Out& out) { m.AfterGang(now, out); });
     on(In(S::kGangWaiting), deadline,
-       "`gang.wait_timeout`: the others' trainers did not finish in `gang-form-timeout`: end the generation, final sync "
-       "without DONE (`gang-ended`)",
-       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
-         m.Log(Severity::kError, "gang.wait_timeout",
-               fmt::format("the other members' trainers did not finish within {} of this one's", FormatDuration(m.options_.gang_form_timeout)));
-         m.reason_ = EndReason::kGangEnded;
-         if (!m.gang_ended_) {
-           m.gang_ended_ = true;
-           out.push_back(EndGang{fmt::format("trainer finished; waited {} for the others' to finish",
-                                             FormatDuration(m.options_.gang_form_timeout))});
-         }
-         m.AfterGang(now, out);
+       "`gang.still_waiting` (INFO), and wait on: the others are alive (a member that is gone, its lease expired, "
+       "ends the generation by `GangEnded`), and busy (rank 0's evaluation or export after its last step); the "
+       "deadline only says so every `gang-form-timeout`",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out&) {
+         m.gang_waited_ += m.options_.gang_form_timeout;
+         m.Log(Severity::kInfo, "gang.still_waiting",
+               fmt::format("this member's trainer finished {} ago; the others' have not, and they are alive (their "
+                           "leases are renewed): waiting on, as long as they are (a member that is gone ends the "
+                           "generation)",
+                           FormatDuration(m.gang_waited_)),
+               {{"waited_s", std::chrono::duration<double>(m.gang_waited_).count()}});
+         m.deadline_ = m.DeadlineFor(S::kGangWaiting, now);
        });
     on(In(S::kGangWaiting), preempted, "the generation ends (this member is going); the final sync without DONE",
        [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) {
@@ -880,6 +880,7 @@ bool StateMachine::AwaitGang(SteadyTime now, std::vector<Action>& out) {
     return true;
   }
   out.push_back(GangDone{});
+  gang_waited_ = std::chrono::milliseconds(0);
   Transition(State::kGangWaiting, now, "the trainer finished: waiting for the other members' trainers to finish");
   return true;
 }

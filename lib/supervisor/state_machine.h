@@ -351,6 +351,7 @@ class StateMachine {
   int trainer_pid_ = 0;
   int exit_code_ = 0;
   int trainer_signal_ = 0;
+  std::chrono::milliseconds gang_waited_{0};  // in gang-waiting: how long, said every gang-form-timeout
   int stop_signal_ = 0;
   SteadyTime started_{}, trainer_started_{};
   bool trainer_ran_ = false;

@@ -1458,17 +1458,37 @@ TEST_CASE("gang: a finished trainer whose gang ended otherwise syncs without DON
   CHECK(h.Last("run.end").fields["reason"] == "gang-ended");
 }
 
-TEST_CASE("gang: a finished trainer waits at most gang-form-timeout for the others") {
+TEST_CASE("gang: a finished trainer waits for the others as long as they are alive, and ends with them") {
+  // Issue #28: rank 0's evaluation or export after its last step was cut off
+  // when the members that had finished gave up after gang-form-timeout.
   Harness h(GangOptions(false));
   Only<StartForming>(h.On(StartEvent{}));
   h.On(GangFormed{7, 1, false});
   h.On(TrainerSpawned{100});
   h.On(TrainerExited{100, 0, 0});
   h.On(LeftoversGone{});
-  auto a = h.Advance(60s);
-  CHECK(Has<EndGang>(a));
-  CHECK(Has<RunOnExit>(a));
-  CHECK(h.Logged("gang.wait_timeout"));
+  for (int i = 1; i <= 3; ++i) {
+    auto a = h.Advance(60s);
+    CHECK(a.empty());  // nothing ends: the others are alive and busy
+    CHECK(h.machine.phase() == Phase::kGangWaiting);
+    CHECK(h.Last("gang.still_waiting").fields["waited_s"] == 60.0 * i);
+  }
+  CHECK_FALSE(h.Logged("run.end"));
+  // The others finish: the generation completes, as always.
+  CHECK(Has<RunOnExit>(h.On(GangEnded{7, "completed", true})));
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+}
+
+TEST_CASE("gang: a finished trainer's member ends the generation when another member is gone") {
+  Harness h(GangOptions(false));
+  Only<StartForming>(h.On(StartEvent{}));
+  h.On(GangFormed{7, 1, false});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  h.On(LeftoversGone{});
+  h.Advance(60s);
+  // The gang session reports the loss (its lease expired).
+  CHECK(Has<RunOnExit>(h.On(GangEnded{7, "vm-0 (rank 0) is gone (its lease expired)", false})));
   CHECK(h.Last("run.end").fields["reason"] == "gang-ended");
 }
 

@@ -362,6 +362,30 @@ class GangTest(GangTestCase):
         for p in procs:
             self.assertEqual(p.wait_exit(timeout=30), 0)
 
+    def test_a_member_that_finished_waits_for_a_busy_rank0_as_long_as_it_is_alive(self):
+        # Issue #28: members that finished ended the generation after
+        # gang-form-timeout, so rank 0's evaluation or export after its last
+        # step got SIGINT and DONE was never written.
+        sets = {"gang-form-timeout": "4s"}
+        procs = [self.start_member(k, size=2, **sets) for k in range(2)]
+        for p in procs:
+            p.wait_event("gang.formed", timeout=30)
+        for k in range(2):
+            self.env_of(f"vm-{k}")
+        with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
+            f.write("0")
+        procs[1].wait_event("supervisor.state", state="gang-waiting")
+        # Rank 0 is busy for more than twice gang-form-timeout.
+        procs[1].wait_event("gang.still_waiting", timeout=30)
+        wait_until(lambda: len(procs[1].find("gang.still_waiting")) >= 2, timeout=30, what="two gang-form-timeouts")
+        self.assertFalse(os.path.exists(os.path.join(self.out, "sigint-vm-0")), "rank 0 was never stopped")
+        with open(os.path.join(self.out, "exit-vm-0"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+        self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+
     def test_gang_on_loss_wait_gives_up_after_the_reform_timeout(self):
         wait = {"gang-on-loss": "wait", "gang-reform-timeout": "3s"}
         procs = self.form(n=2, **wait)
