@@ -764,6 +764,9 @@ int RunEngine(const EngineOptions& options) {
     so.claim = std::make_shared<RunClaim>(gang_stores.claims, config.run_id,
                                           metadata.instance_name.empty() ? Hostname() : metadata.instance_name,
                                           std::chrono::duration_cast<std::chrono::seconds>(config.run_claim_ttl), clock);
+    so.boot = std::make_shared<BootRecord>(gang_stores.claims, config.run_id,
+                                           metadata.instance_name.empty() ? Hostname() : metadata.instance_name,
+                                           metadata.zone, so.claim->token(), clock);
     logger.Info("sync.configured",
                 fmt::format("checkpoints in {} are synced to {} every {}", config.checkpoint_dir, so.sync->Describe(),
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),

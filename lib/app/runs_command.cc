@@ -13,6 +13,7 @@
 #include "log/logger.h"
 #include "metadata/metadata_client.h"
 #include "output/utf8.h"
+#include "run/boots.h"
 #include "run/claim.h"
 #include "retry/backoff_policy.h"
 #include "retry/retry_policy.h"
@@ -120,6 +121,7 @@ struct RunRow {
   std::vector<ObjectInfo> object_list;  // every object under RUN_ID/
   std::string problem;  // a file of the run that could not be read
   RunClaims claims;     // who holds the run (run/claim.h)
+  RunBoots boots;       // its history (run/boots.h)
 };
 
 std::optional<Json> ReadJson(ObjectStore& store, const std::string& name, std::string& problem) {
@@ -165,7 +167,8 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
     r.objects += 1;
     r.objects_bytes += obj.size;
     r.object_list.push_back(obj);
-    if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus || rest.rfind(kClaimsDir, 0) == 0) {
+    if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus || rest.rfind(kClaimsDir, 0) == 0 ||
+        rest.rfind(kBootsDir, 0) == 0) {
       is_run[id] = true;
     }
   }
@@ -200,6 +203,8 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
     // A VM holds a live claim: the run is running, whatever status.json says
     // (only rank 0 of a gang writes it, and only after its restore).
     r.claims = ReadClaims(s, id, r.object_list, Background());
+    r.boots = ReadBoots(s, id, r.object_list, Background());
+    if (!r.boots.problems.empty() && r.problem.empty()) r.problem = r.boots.problems.front();
     if (r.state != "done" && r.claims.AnyLive(TheClock().WallNow())) r.state = "running";
     rows.push_back(r);
   }
@@ -228,6 +233,27 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
       j["exit_code"] = r.exit_code ? Json(*r.exit_code) : Json(nullptr);
       if (!r.since.empty()) j["status_time"] = r.since;
       if (!r.problem.empty()) j["problem"] = r.problem;
+      // The run's history: each boot, and what they add up to.
+      Json boots = Json::array();
+      int preempted = 0, failed = 0, open = 0;
+      double vm_seconds = 0;
+      for (auto const& b : r.boots.boots) {
+        preempted += b.reason == "preempted";
+        failed += b.reason == "failed" || b.reason == "restore-failed" || b.reason == "mount-failed";
+        open += !b.ended_at.has_value();
+        if (b.vm_seconds) vm_seconds += *b.vm_seconds;
+        boots.push_back({{"instance", b.instance},
+                         {"zone", b.zone},
+                         {"started_at", FormatRfc3339(b.started_at)},
+                         {"ended_at", b.ended_at ? Json(FormatRfc3339(*b.ended_at)) : Json(nullptr)},
+                         {"reason", b.reason.empty() ? Json(nullptr) : Json(b.reason)},
+                         {"exit_code", b.exit_code ? Json(*b.exit_code) : Json(nullptr)},
+                         {"vm_seconds", b.vm_seconds ? Json(*b.vm_seconds) : Json(nullptr)},
+                         {"uncommitted_bytes", b.uncommitted_bytes ? Json(*b.uncommitted_bytes) : Json(nullptr)}});
+      }
+      j["boots"] = boots;
+      j["boot_summary"] = {{"boots", r.boots.boots.size()}, {"preempted", preempted}, {"failed", failed},
+                           {"not_ended", open}, {"vm_seconds", vm_seconds}};
       out.push_back(std::move(j));
     }
     std::puts(out.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
@@ -237,11 +263,13 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     std::printf("no runs under %s\n", url.c_str());
     return 0;
   }
-  std::vector<std::vector<std::string>> table = {{"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "SIZE", "INSTANCE"}};
+  std::vector<std::vector<std::string>> table = {
+      {"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "SIZE", "INSTANCE", "BOOTS"}};
   for (auto const& r : rows) {
     table.push_back({Shown(r.run_id), r.state, r.exit_code ? std::to_string(*r.exit_code) : "-",
                      r.sequence > 0 ? fmt::format("#{}", r.sequence) : "-", r.committed_at.empty() ? "-" : Shown(r.committed_at),
-                     FormatBytes(r.objects_bytes), r.instance.empty() ? "-" : Shown(r.instance)});
+                     FormatBytes(r.objects_bytes), r.instance.empty() ? "-" : Shown(r.instance),
+                     r.boots.boots.empty() ? "-" : std::to_string(r.boots.boots.size())});
   }
   std::vector<std::size_t> width(table[0].size(), 0);
   for (auto const& row : table) {

@@ -56,6 +56,7 @@ class RunClaim {
   // The run ended on this VM: the claim goes.
   Status Release(const CallContext& ctx);
   const std::string& name() const { return claim_.name; }
+  const std::string& token() const { return claim_.token; }
   std::chrono::seconds ttl() const { return claim_.ttl; }
 
  private:

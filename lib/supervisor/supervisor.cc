@@ -459,6 +459,17 @@ void Supervisor::Dispatch(const Event& e) {
     CallContext ctx;
     ctx.clock = &clock_;
     ctx.deadline = clock_.Now() + std::chrono::seconds(3);
+    if (options_.boot && boot_begun_) {
+      BootEnd end;
+      end.reason = machine_.end_reason() ? EndReasonName(*machine_.end_reason()) : "ended";
+      end.exit_code = machine_.exit_code();
+      if (uncommitted_) {
+        end.uncommitted_files = uncommitted_->files;
+        end.uncommitted_bytes = uncommitted_->bytes;
+      }
+      if (options_.sync) end.sequence = options_.sync->Committed().sequence;
+      if (auto b = options_.boot->End(end, ctx); !b.ok()) logger_.Warn("run.record_failed", b.message());
+    }
     ReleaseClaim(ctx);
   }
   for (auto const& a : actions) Execute(a);
@@ -653,12 +664,20 @@ void Supervisor::StartRestore() {
   int rank = gang_rank_, size = options_.config.gang_size;
   ArmClaimTimer();
   auto claim = options_.claim;
-  pool_.Post([this, engine, ctx, run, rank, size, claim] {
+  auto boot = boot_begun_ ? nullptr : options_.boot;
+  boot_begun_ = true;
+  pool_.Post([this, engine, ctx, run, rank, size, claim, boot] {
     // Live on the run from before the restore on (issue #28): `spotvisor gc`
     // on a laptop must not delete what this VM is about to restore.
     if (claim) {
       if (auto c = claim->Renew("restoring", ctx); !c.ok()) {
         asio::post(io_, [this, c] { logger_.Warn("run.claim_failed", c.message() + "; `spotvisor gc` may take this run for ended"); });
+      }
+    }
+    // This boot in the run's history (once per process, not per restore).
+    if (boot) {
+      if (auto b = boot->Begin(ctx); !b.ok()) {
+        asio::post(io_, [this, b] { logger_.Warn("run.record_failed", b.message()); });
       }
     }
     if (run) {
@@ -1082,6 +1101,16 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
   }
   durability_.SyncInFlight(std::nullopt);
   transfer_ = nullptr;
+  if (final) {
+    // What the boot record says was not committed when the run ended here.
+    if (r.ok() && !r->deferred && r->not_uploaded.empty() && r->left_out.empty()) {
+      uncommitted_ = UncommittedView{};
+    } else if (r.ok() && r->uncommitted) {
+      uncommitted_ = *r->uncommitted;
+    } else {
+      uncommitted_.reset();  // unknown: the final sync failed
+    }
+  }
   if (outcome.uncommitted) {
     uncommitted_ = outcome.uncommitted;
     uncommitted_as_of_ = clock_.WallNow();

@@ -26,6 +26,7 @@
 #include "metadata/guest_attributes.h"
 #include "sync/sync_engine.h"
 #include "sync/checkpoint_set.h"
+#include "run/boots.h"
 #include "run/claim.h"
 #include "notify/service_notifier.h"
 #include "mount/mount_manager.h"
@@ -54,8 +55,10 @@ struct SupervisorOptions {
   // bucket and this member's rank store; null otherwise.
   std::shared_ptr<ObjectStore> gang_run_store;
   std::shared_ptr<RankStore> gang_rank_store;
-  // This VM's claim on the run (run/claim.h); null without a bucket.
+  // This VM's claim on the run (run/claim.h) and its boot record
+  // (run/boots.h); null without a bucket.
   std::shared_ptr<RunClaim> claim;
+  std::shared_ptr<BootRecord> boot;
   // on-exit stop | delete; null without a metadata server (then: poweroff).
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
   std::string compute_api = "the Compute Engine API";  // or "the EC2 API", for messages
@@ -167,6 +170,7 @@ class Supervisor {
   boost::asio::steady_timer stall_timer_;
   boost::asio::steady_timer claim_timer_;
   std::atomic<bool> claim_released_{false};
+  bool boot_begun_ = false;  // the boot record was begun (StartRestore, once)
   // Renews this VM's claim on the run every third of its lifetime (run/claim.h).
   void ArmClaimTimer();
   void RenewClaim(const std::string& state);

@@ -58,8 +58,8 @@ class LaptopCommandsTest(SpotvisorTestCase):
         out = self.cli("runs", f"gs://{self.BUCKET}/exp")
         self.assertEqual(out.returncode, 0, out.stderr)
         lines = out.stdout.splitlines()
-        self.assertRegex(lines[0], r"^RUN_ID\s+STATE\s+EXIT\s+COMMIT\s+COMMITTED_AT\s+SIZE\s+INSTANCE$")
-        self.assertRegex(lines[1], r"^run1\s+done\s+0\s+#\d+\s+\S+Z\s+\S+ \S+\s+spotvisor-test$")
+        self.assertRegex(lines[0], r"^RUN_ID\s+STATE\s+EXIT\s+COMMIT\s+COMMITTED_AT\s+SIZE\s+INSTANCE\s+BOOTS$")
+        self.assertRegex(lines[1], r"^run1\s+done\s+0\s+#\d+\s+\S+Z\s+\S+ \S+\s+spotvisor-test\s+1$")
         self.assertRegex(lines[2], r"^run2\s+preempted\s+130\s+#\d+\s+\S+Z")
         js = self.cli("runs", "--json", f"gs://{self.BUCKET}/exp")
         runs = {r["run_id"]: r for r in json.loads(js.stdout)}
@@ -69,6 +69,14 @@ class LaptopCommandsTest(SpotvisorTestCase):
         manifest = json.loads(self.gcs.get_object_bytes(self.BUCKET, "exp/run2/manifest.json"))
         self.assertEqual(runs["run2"]["sequence"], manifest["sequence"])
         self.assertEqual(runs["run2"]["files"], len(manifest["files"]))
+        # The run's history (issue #28): one boot each, how it ended, how long it ran.
+        (boot,) = runs["run2"]["boots"]
+        self.assertEqual((boot["instance"], boot["reason"], boot["exit_code"]), ("spotvisor-test", "preempted", 130))
+        self.assertIsNotNone(boot["ended_at"])
+        self.assertGreater(boot["vm_seconds"], 0)
+        self.assertEqual(boot["uncommitted_bytes"], 0, "the final sync committed everything")
+        self.assertEqual(runs["run2"]["boot_summary"]["preempted"], 1)
+        self.assertEqual(runs["run1"]["boots"][0]["reason"], "completed")
         # What the VM wrote for it, readable by anyone listing the bucket.
         status = json.loads(self.gcs.get_object_bytes(self.BUCKET, "exp/run2/status.json"))
         self.assertEqual(status["state"], "ended")
