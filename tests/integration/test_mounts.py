@@ -465,10 +465,10 @@ class BucketMountTest(MountTestCase):
         failed = p.wait_event("sync.failed", kind="on-demand")
         self.assertIn("not mounted any more", failed["error"])
         self.assertEqual(os.listdir(mnt), [], "nothing was written into the bare mount point")
-        # Only the run's status.json and this VM's claim on the run (and the file store's lock
-        # beside them) went up, at the start; the claim expires by itself if it cannot be deleted.
+        # Only the run's status.json, this VM's claim on the run and its boot record (and the
+        # file store's lock beside them) went up, at the start; the claim expires by itself.
         self.assertEqual([n for n in self.names("exp/")
-                          if not n.endswith(("/status.json", "/.lock")) and "/claims/" not in n], [],
+                          if not n.endswith(("/status.json", "/.lock")) and "/claims/" not in n and "/boots/" not in n], [],
                          "and no checkpoint reached the bucket either")
         p.signal(signal.SIGTERM)
         p.wait_exit()

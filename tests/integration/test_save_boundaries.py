@@ -168,7 +168,11 @@ class SaveBoundaryTest(SpotvisorTestCase):
                 p = self.vm([PYTHON, STANDINS, "--framework", framework, "--log", self.path(log), "--helper",
                              "--save-every", "20", "--step-time", "0.05"],
                             ckpt=f"helper-{framework}", **{"run-id": f"helper-{framework}"})
-                wait_until(lambda: "step 25" in self.log_lines(log), timeout=30, what=f"{framework}: step 25")
+                try:
+                    wait_until(lambda: "step 25" in self.log_lines(log), timeout=60, what=f"{framework}: step 25")
+                except AssertionError as e:
+                    raise AssertionError(f"{e}; trainer log: {self.log_lines(log)[-5:]}; spotvisor: "
+                                         + "".join(p.raw[-15:]) + p.stderr) from None
                 self.wait_parked()
                 self.metadata.set("instance/preempted", "TRUE")
                 p.wait_exit(30)
