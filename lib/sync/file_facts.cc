@@ -91,6 +91,12 @@ Format ZipFormat(int fd, std::uint64_t size) {
   }
   constexpr std::size_t kEocd = 22;
   if (size < kEocd) return Format::kTorn;
+  // The common case first (torch.save and Keras write no zip comment): the
+  // record is the file's last 22 bytes. Only otherwise read the last 64 KiB.
+  if (auto last = ReadAt(fd, size - kEocd, kEocd);
+      last.size() == kEocd && last.compare(0, 4, "PK\x05\x06", 4) == 0 && Le(last, 20, 2) == 0) {
+    return Format::kWhole;
+  }
   std::size_t tail_len = static_cast<std::size_t>(std::min<std::uint64_t>(size, kEocd + 0xFFFF));
   auto tail = ReadAt(fd, size - tail_len, tail_len);
   if (tail.size() != tail_len) return Format::kTorn;
@@ -123,6 +129,7 @@ Format SafetensorsFormat(int fd, std::uint64_t size) {
     if (it == t.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_unsigned()) return Format::kUnknown;
     end = std::max<std::uint64_t>(end, (*it)[1].get<std::uint64_t>());
   }
+  if (end > size) return Format::kTorn;  // more data than the file holds (and no overflow below)
   auto want = 8 + n + end;
   if (size == want) return Format::kWhole;
   return size < want ? Format::kTorn : Format::kUnknown;
