@@ -138,6 +138,16 @@ std::optional<WallTime> ParseRfc3339(std::string_view t) {
   return WallTime(std::chrono::duration_cast<WallTime::duration>(std::chrono::nanoseconds(ns)));
 }
 
+std::string FormatCompactUtc(WallTime t) {
+  auto secs = std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
+  time_t tt = static_cast<time_t>(secs);
+  struct tm tm {};
+  gmtime_r(&tt, &tm);
+  char out[32];
+  strftime(out, sizeof out, "%Y%m%dT%H%M%SZ", &tm);
+  return out;
+}
+
 std::string FormatRfc3339(WallTime t) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
   std::time_t secs = static_cast<std::time_t>(ns / 1'000'000'000);

@@ -44,6 +44,8 @@ std::unique_ptr<LogSink> MakeJsonSink(std::FILE* out);
 std::unique_ptr<LogSink> MakeTextSink(std::FILE* out);
 
 std::string FormatRfc3339(WallTime t);
+// "20261128T101500Z": a UTC time to the second that sorts as text, for names.
+std::string FormatCompactUtc(WallTime t);
 // "2026-11-24T22:44:01.123Z" or with a "+01:00" offset (what FormatRfc3339,
 // Cloud Storage and the metadata server write), years 1970-2200; nullopt for
 // anything else.

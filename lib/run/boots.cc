@@ -17,16 +17,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string Stamp(WallTime t) {
-  auto secs = std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
-  time_t tt = static_cast<time_t>(secs);
-  struct tm tm {};
-  gmtime_r(&tt, &tm);
-  char out[32];
-  strftime(out, sizeof out, "%Y%m%dT%H%M%SZ", &tm);
-  return out;
-}
-
 }  // namespace
 
 std::string BootJson(const Boot& b) {
@@ -113,7 +103,7 @@ BootRecord::BootRecord(std::shared_ptr<ObjectStore> run_store, std::string run_i
   boot_.started_at = clock_.WallNow();
   std::string safe;
   for (char ch : boot_.instance) safe += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_') ? ch : '_';
-  boot_.name = fmt::format("{}{}-{}.{}.json", kBootsDir, Stamp(boot_.started_at), safe.empty() ? "vm" : safe.substr(0, 100),
+  boot_.name = fmt::format("{}{}-{}.{}.json", kBootsDir, FormatCompactUtc(boot_.started_at), safe.empty() ? "vm" : safe.substr(0, 100),
                            boot_.token);
 }
 

@@ -144,6 +144,7 @@ StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& 
 // Removes the temporary files of restores that were killed mid-way.
 void RemoveStaleRestoreTemps(const std::string& root, int& count, std::uint64_t& bytes);
 bool IsNoSpace(const Status& s);
+// A file of at most 64 MiB, whole; nullopt if it cannot be opened.
 std::optional<std::string> ReadSmallFile(const std::string& path);
 // Every entry under `root` that is not a directory, with its lstat.
 StatusOr<std::vector<std::pair<std::string, struct stat>>> WalkAll(const std::string& root);

@@ -17,6 +17,7 @@
 #include "common/parallel_for.h"
 #include "common/random.h"
 #include "common/strings.h"
+#include "log/logger.h"
 #include "output/utf8.h"
 #include "storage/crc32c.h"
 #include "sync/completeness.h"
@@ -370,12 +371,7 @@ StatusOr<int> SetAside(const std::string& root, const std::vector<std::string>& 
   }
   if (mkdir(top.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoToStatus(errno, "creating " + Escaped(top));
   if (auto g = GiveToOwner(top, o, 0755); !g.ok()) return g;
-  auto secs = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
-  time_t t = static_cast<time_t>(secs);
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  char stamp[32];
-  strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  auto stamp = FormatCompactUtc(now);
   std::string aside;
   for (int n = 1;; ++n) {
     aside = fmt::format("{}/{}-{}{}", top, stamp, getpid(), n == 1 ? std::string() : fmt::format("-{}", n));
