@@ -1,6 +1,7 @@
 // Each boot of a run (issue #28): the second part of the run's record in the
 // bucket, beside the claims (run/claim.h). Every spotvisor process working on
-// a run writes one record when it begins (before its restore) and completes
+// a run writes one record when it begins (once its restore has looked at the
+// bucket; its claim comes before) and completes
 // it when the run ends there: where it ran, when, how it ended, and how much
 // work was not committed then. A boot whose VM vanished (a preemption that
 // took spotvisor too, a crash, a power cut) keeps `ended_at` null. Unattended

@@ -674,12 +674,7 @@ void Supervisor::StartRestore() {
         asio::post(io_, [this, c] { logger_.Warn("run.claim_failed", c.message() + "; `spotvisor gc` may take this run for ended"); });
       }
     }
-    // This boot in the run's history (once per process, not per restore).
-    if (boot) {
-      if (auto b = boot->Begin(ctx); !b.ok()) {
-        asio::post(io_, [this, b] { logger_.Warn("run.record_failed", b.message()); });
-      }
-    }
+
     if (run) {
       // gang-checkpoint = all: this rank's manifest becomes its share of the
       // newest complete set first, so no rank resumes from a save the
@@ -716,6 +711,13 @@ void Supervisor::StartRestore() {
       });
     }
     auto r = engine->Restore(ctx);
+    // This boot in the run's history (once per process, not per restore),
+    // once the restore has looked at the bucket: the claim came first.
+    if (boot) {
+      if (auto b = boot->Begin(ctx); !b.ok()) {
+        asio::post(io_, [this, b] { logger_.Warn("run.record_failed", b.message()); });
+      }
+    }
     asio::post(io_, [this, r = std::move(r)] {
       transfer_ = nullptr;
       if (r.ok() && !r->state_warning.empty()) logger_.Warn("sync.state_not_saved", r->state_warning);
