@@ -225,7 +225,11 @@ StatusOr<Generation> ParseGeneration(std::string_view text) {
   return g;
 }
 
-std::string EndJson(const GenerationEnd& e) { return Dump(json{{"by", e.by}, {"reason", e.reason}, {"at", e.at}}); }
+std::string EndJson(const GenerationEnd& e) {
+  json j{{"by", e.by}, {"reason", e.reason}, {"at", e.at}};
+  if (e.failed) j["failed"] = true;
+  return Dump(j);
+}
 
 StatusOr<GenerationEnd> ParseEnd(std::string_view text) {
   auto j = ParseObject(text, "an end record");
@@ -233,6 +237,10 @@ StatusOr<GenerationEnd> ParseEnd(std::string_view text) {
   GenerationEnd e;
   if (auto s = First({Str(*j, "by", false, e.by), Str(*j, "reason", true, e.reason), Str(*j, "at", false, e.at)}); !s.ok()) {
     return InvalidArgumentError("an end record: " + s.message());
+  }
+  if (auto f = j->find("failed"); f != j->end()) {
+    if (!f->is_boolean()) return InvalidArgumentError("an end record: \"failed\" is not true or false");
+    e.failed = f->get<bool>();
   }
   return e;
 }
@@ -243,12 +251,18 @@ std::string GangPrefix(const std::string& name) { return "/spotvisor/gang/" + na
 
 namespace {
 
-// The reason an end record gives, whatever it holds.
-std::string ReasonOf(std::int64_t n, std::string_view value) {
+// An end record, whatever it holds: an unreadable one still ends the
+// generation, and is not taken for a member's failure.
+GenerationEnd EndOf(std::int64_t n, std::string_view value) {
   auto e = ParseEnd(value);
-  if (!e.ok()) return fmt::format("generation {} ended (its end record is unreadable: {})", n, e.status().message());
-  return e->reason;
+  if (!e.ok()) return {"", fmt::format("generation {} ended (its end record is unreadable: {})", n, e.status().message()), "", false};
+  return *e;
 }
+
+// The reason an end record gives, whatever it holds.
+std::string ReasonOf(std::int64_t n, std::string_view value) { return EndOf(n, value).reason; }
+
+GenerationEnd Unrecorded(std::string reason) { return {"", std::move(reason), "", false}; }
 
 bool Contains(const Generation& g, const std::string& instance) {
   return std::any_of(g.members.begin(), g.members.end(), [&](const RankedMember& m) { return m.instance == instance; });
@@ -570,9 +584,10 @@ StatusOr<Generation> GangCoordinator::AwaitGeneration(const CallContext& ctx) {
   }
 }
 
-StatusOr<std::string> GangCoordinator::EndGeneration(std::int64_t n, const std::string& reason, const CallContext& ctx) {
+StatusOr<std::string> GangCoordinator::EndGeneration(std::int64_t n, const std::string& reason, const CallContext& ctx,
+                                                     bool failed) {
   const std::string key = EndKey(n);
-  const std::string value = EndJson({self_.instance, reason, FormatRfc3339(clock_.WallNow())});
+  const std::string value = EndJson({self_.instance, reason, FormatRfc3339(clock_.WallNow()), failed});
   for (int attempt = 0;; ++attempt) {
     if (auto c = ctx.Check(fmt::format("gang {}: ending generation {}", options_.name, n)); !c.ok()) return c;
     // Safe to repeat: when an earlier attempt landed, this one reads it back.
@@ -715,7 +730,7 @@ Status GangCoordinator::AwaitSshReady(const Generation& g, const CallContext& ct
   return kvs.ok() ? OkStatus() : kvs.status();
 }
 
-StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallContext& ctx) {
+StatusOr<GenerationEnd> GangCoordinator::AwaitEndRecord(const Generation& g, const CallContext& ctx) {
   const std::string end_key = EndKey(g.number), gen_key = prefix_ + "generation";
   std::set<std::string> member_keys;
   for (const auto& m : g.members) member_keys.insert(MemberKey(m.instance));
@@ -727,24 +742,25 @@ StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallC
       continue;
     }
     const Snapshot& s = *snap;
-    if (auto it = s.ends.find(g.number); it != s.ends.end()) return ReasonOf(g.number, it->second);
+    if (auto it = s.ends.find(g.number); it != s.ends.end()) return EndOf(g.number, it->second);
     if (!s.generation || s.generation->number != g.number) {
-      if (s.generation) return fmt::format("generation {} was replaced by generation {}", g.number, s.generation->number);
-      return fmt::format("generation {}'s record is {}", g.number, s.generation_mod ? "unreadable" : "gone");
+      if (s.generation) return Unrecorded(fmt::format("generation {} was replaced by generation {}", g.number, s.generation->number));
+      return Unrecorded(fmt::format("generation {}'s record is {}", g.number, s.generation_mod ? "unreadable" : "gone"));
     }
     if (auto why = s.Broken(g)) {
       auto e = EndGeneration(g.number, *why, ctx);
-      if (e.ok() || ctx.cancelled() || ctx.expired()) return e;
-      return *why;  // etcd cannot take the record now; the generation has ended all the same
+      if (!e.ok() && (ctx.cancelled() || ctx.expired())) return e.status();
+      if (!e.ok() || *e == *why) return Unrecorded(*why);  // etcd cannot take the record now; it has ended all the same
+      continue;  // another member's record won: read it whole
     }
     // In force: an end record is taken straight from the event (the fast
     // path every member waits on); anything else that touches the
     // generation is judged on a fresh read.
-    std::optional<std::string> reason;
+    std::optional<GenerationEnd> reason;
     auto stop = [&](const std::vector<EtcdEvent>& events) {
       for (const auto& e : events) {
         if (e.kv.key == end_key && e.type == EtcdEvent::kPut) {
-          reason = ReasonOf(g.number, e.kv.value);
+          reason = EndOf(g.number, e.kv.value);
           return true;
         }
         if (e.kv.key == gen_key || member_keys.count(e.kv.key)) return true;
@@ -761,6 +777,12 @@ StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallC
     if (w.ok()) continue;  // stopped by an event (or history compacted), or ctx ended: read again
     if (auto b = Backoff(w.status(), attempt++, ctx); !b.ok()) return b;
   }
+}
+
+StatusOr<std::string> GangCoordinator::AwaitEnd(const Generation& g, const CallContext& ctx) {
+  auto e = AwaitEndRecord(g, ctx);
+  if (!e.ok()) return e.status();
+  return e->reason;
 }
 
 }  // namespace spotvisor

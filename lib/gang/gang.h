@@ -19,7 +19,8 @@
 //   with the mod_revision read: nobody can commit over a generation or a
 //   member list that changed meanwhile. Any member may try, exactly one
 //   wins, the others re-read and adopt the winner's.
-// - PREFIX "end/" N: {"by","reason","at"} ends generation N for everyone.
+// - PREFIX "end/" N: {"by","reason","at","failed"} ends generation N for
+//   everyone ("failed": the ending member's own trainer failed).
 //   Put with "create_revision == 0": the first reason wins, later ones are
 //   no-ops that return the winner's reason. End records are not leased: a
 //   generation stays ended.
@@ -111,6 +112,10 @@ struct Generation {
 
 struct GenerationEnd {
   std::string by, reason, at;
+  // The member that ended it did so because its own trainer failed (issue
+  // #28): a survivor whose trainer failed too, on the lost connection, is
+  // then not looking at a lost member. Absent in older records: false.
+  bool failed = false;
 };
 
 // The members chosen from `live` for a gang of `size`, in rank order (see
@@ -175,11 +180,17 @@ class GangCoordinator {
   // Ends generation n for everyone; returns the reason that won. A member
   // that is going away (preempted) should Leave once its part is done, so
   // that the next formation does not count on it.
-  StatusOr<std::string> EndGeneration(std::int64_t n, const std::string& reason, const CallContext& ctx);
+  // `failed`: this member's trainer failed (recorded; see GenerationEnd).
+  StatusOr<std::string> EndGeneration(std::int64_t n, const std::string& reason, const CallContext& ctx,
+                                      bool failed = false);
   // Blocks until generation g ends and returns why: its end record's reason,
   // "member X is gone" (which it also records as the end), or "generation N
   // was replaced by M". Watches, does not poll.
   StatusOr<std::string> AwaitEnd(const Generation& g, const CallContext& ctx);
+  // The same, with the whole record: who ended it and whether its trainer
+  // failed ("by" empty and failed false when nobody ended it: a member
+  // gone, a generation replaced).
+  StatusOr<GenerationEnd> AwaitEndRecord(const Generation& g, const CallContext& ctx);
   // Records that this member's trainer finished generation g's work (exit
   // 0) under PREFIX "done/" N "/" INSTANCE (not leased; safe to repeat).
   // When every member of g has, ends g with kGangCompleted. Returns the

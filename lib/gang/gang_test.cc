@@ -177,6 +177,12 @@ TEST_CASE("end records round-trip and are checked", "[gang]") {
   REQUIRE(e.ok());
   CHECK(e->by == "vm-a");
   CHECK(e->reason == "preempted");
+  CHECK_FALSE(e->failed);
+  CHECK(EndJson({"vm-a", "preempted", ""}).find("failed") == std::string::npos);  // older readers see what they knew
+  auto f = ParseEnd(EndJson({"vm-b", "trainer failed (exit code 3)", "", true}));
+  REQUIRE(f.ok());
+  CHECK(f->failed);
+  CHECK_FALSE(ParseEnd(R"({"reason":"x","failed":"yes"})").ok());
   CHECK_FALSE(ParseEnd(R"({"by":"a"})").ok());
   CHECK_FALSE(ParseEnd(R"({"reason":5})").ok());
   CHECK_FALSE(ParseEnd("garbage").ok());
@@ -577,6 +583,33 @@ TEST_CASE("coordinator: gang-launch = leader: rank 0 finishing completes the gen
   REQUIRE(g2.ok());
   CHECK(c->MarkDone(*g2, h2.Ctx()).value() == "");
   CHECK(d->MarkDone(*g2, h2.Ctx()).value() == kGangCompleted);
+}
+
+TEST_CASE("coordinator: the end record says whether the member that ended it failed; a member gone did not", "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  auto b = h.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(a->Join(h.Ctx()).ok());
+  REQUIRE(b->Join(h.Ctx()).ok());
+  auto g = a->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  REQUIRE(b->EndGeneration(g->number, "vm-b (rank 1): trainer failed (exit code 3)", h.Ctx(), true).ok());
+  auto e = a->AwaitEndRecord(*g, h.Ctx());
+  REQUIRE(e.ok());
+  CHECK(e->failed);
+  CHECK(e->by == "vm-b");
+  // The next generation: vm-b's lease is revoked (gone), nobody failed.
+  Harness h2;
+  auto c = h2.Coordinator(M("vm-a", "10.0.0.1", 2));
+  REQUIRE(c->Join(h2.Ctx()).ok());
+  auto lease_b = h2.Register(M("vm-b", "10.0.0.2", 2));
+  auto g2 = c->AwaitGeneration(h2.Ctx());
+  REQUIRE(g2.ok());
+  REQUIRE(h2.etcd.LeaseRevoke(lease_b, Background()).ok());
+  auto gone = c->AwaitEndRecord(*g2, h2.Ctx());
+  REQUIRE(gone.ok());
+  CHECK(gone->reason == "member vm-b is gone");
+  CHECK_FALSE(gone->failed);
 }
 
 TEST_CASE("coordinator: EndGeneration after a lost answer returns its own reason, a later one the first", "[gang]") {

@@ -235,10 +235,12 @@ void GangSession::RunForming() {
                         {"size", g.members.size()}, {"members", members}}});
   if (cb_.formed) cb_.formed(g, rank);
   for (;;) {
-    auto end = coordinator_->AwaitEnd(g, ctx);
+    auto end = coordinator_->AwaitEndRecord(g, ctx);
     if (end.ok()) {
-      logger_.Warn("gang.ended", fmt::format("gang {} generation {} ended: {}", options_.gang.name, g.number, *end),
-                   {{"gang", options_.gang.name}, {"generation", g.number}, {"reason", *end}});
+      nlohmann::json fields = {{"gang", options_.gang.name}, {"generation", g.number}, {"reason", end->reason}};
+      if (end->failed) fields["member_failed"] = true;
+      logger_.Warn("gang.ended", fmt::format("gang {} generation {} ended: {}", options_.gang.name, g.number, end->reason),
+                   std::move(fields));
       // Out of the gang until this member is ready again: a new generation
       // (gang-on-loss = wait) forms only once every member has joined again,
       // so rank 0's final sync is over by then.
@@ -307,11 +309,11 @@ void GangSession::RunTask(std::function<void(const CallContext&)> fn) {
                         finished});
 }
 
-void GangSession::End(std::int64_t generation, std::string reason) {
+void GangSession::End(std::int64_t generation, std::string reason, bool failed) {
   logger_.Warn("gang.ending", fmt::format("ending gang {} generation {}: {}", options_.gang.name, generation, reason),
                {{"gang", options_.gang.name}, {"generation", generation}, {"reason", reason}});
-  RunTask([this, generation, reason](const CallContext& ctx) {
-    auto r = coordinator_->EndGeneration(generation, reason, ctx);
+  RunTask([this, generation, reason, failed](const CallContext& ctx) {
+    auto r = coordinator_->EndGeneration(generation, reason, ctx, failed);
     if (!r.ok()) {
       logger_.Error("gang.end_failed", fmt::format("could not record the end of generation {}: {}", generation, r.status().message()),
                     {{"generation", generation}, {"error", r.status().message()}});

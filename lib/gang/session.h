@@ -51,9 +51,10 @@ class GangSession {
     // held by another machine, or etcd holds records that cannot be read.
     // Not called for etcd being away (that is retried).
     std::function<void(const Status&)> failed;
-    // The generation this member is in has ended, and why ("member X is
-    // gone", kGangCompleted, or the reason a member gave).
-    std::function<void(std::int64_t generation, const std::string& reason)> ended;
+    // The generation this member is in has ended, and why (reason: "member
+    // X is gone", kGangCompleted, or the reason a member gave; failed: that
+    // member's own trainer failed).
+    std::function<void(std::int64_t generation, const GenerationEnd& end)> ended;
   };
 
   GangSession(GangSessionOptions options, std::unique_ptr<EtcdClient> etcd, Logger& logger, const Clock& clock);
@@ -63,7 +64,8 @@ class GangSession {
   void Start(Callbacks cb);
   // Ends `generation` for everyone with `reason` (logged as `gang.ending`),
   // off the caller's thread.
-  void End(std::int64_t generation, std::string reason);
+  // `failed`: this member's own trainer failed (GenerationEnd::failed).
+  void End(std::int64_t generation, std::string reason, bool failed = false);
   // This member's trainer finished its work: recorded; the generation ends
   // as completed when every member's has (gang.h, MarkDone).
   void Done(std::int64_t generation);

@@ -97,6 +97,7 @@ const char* StateName(State s) {
     case State::kStoppingKill: return "stopping/SIGKILL";
     case State::kDrainingTerm: return "draining/SIGTERM";
     case State::kDrainingKill: return "draining/SIGKILL";
+    case State::kGangLossCheck: return "gang-waiting/loss?";
     case State::kGangWaiting: return "gang-waiting";
     case State::kRestartingSyncDelay: return "restarting/sync+delay";
     case State::kRestartingDelay: return "restarting/delay";
@@ -126,6 +127,7 @@ Phase PhaseOf(State s) {
     case State::kStoppingKill: return Phase::kStopping;
     case State::kDrainingTerm:
     case State::kDrainingKill: return Phase::kDraining;
+    case State::kGangLossCheck:
     case State::kGangWaiting: return Phase::kGangWaiting;
     case State::kRestartingSyncDelay:
     case State::kRestartingDelay:
@@ -325,9 +327,12 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        });
 
     // Forming the gang (issue #16).
-    note(gang_ended, "gang: remember that the generation ended, and whether every trainer finished",
+    note(gang_ended,
+         "gang: remember that the generation ended, whether every trainer finished, and whether a member ended it for "
+         "its own trainer's failure",
          [](M& m, const GangEnded& e, SteadyTime, Out&) {
            if (!m.gang_formed_) return;
+           if (!m.gang_ended_) m.gang_end_failed_ = e.member_failed;  // the first end heard is the one in force
            m.gang_ended_ = true;
            m.gang_completed_ = m.gang_completed_ || e.completed;
          });
@@ -488,6 +493,31 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
          m.Log(Severity::kError, "trainer.leftovers", "leftover processes survive SIGKILL; finishing anyway");
          m.AfterDraining(now, out);
        });
+
+    // A gang member whose trainer failed, before the gang said anything.
+    on(In(S::kGangLossCheck), gang_ended,
+       "the generation ended: a member lost (gone, preempted, stopped) means this trainer failed with it: "
+       "`gang.loss_taken`, the run goes on as `gang-ended` (gang-on-loss = wait: forming again); a member whose own "
+       "trainer failed: this one's failure stands; then as after draining",
+       [](M& m, const GangEnded&, SteadyTime now, Out& out) { m.AfterLossCheck(now, out); });
+    on(In(S::kGangLossCheck), deadline,
+       "no member was lost: the trainer's own failure (`gang.no_loss`); then as after draining",
+       [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
+         m.Log(Severity::kInfo, "gang.no_loss",
+               fmt::format("no member of the gang was lost within {} of the trainer's failure: it is this member's "
+                           "own failure",
+                           FormatDuration(m.options_.gang_loss_grace)),
+               {{"waited_s", std::chrono::duration<double>(m.options_.gang_loss_grace).count()}});
+         m.AfterLossCheck(now, out);
+       });
+    on(In(S::kGangLossCheck), preempted, "this member is going: stop waiting (no restart, no re-forming); then as after draining",
+       [](M& m, const PreemptionNotice&, SteadyTime now, Out& out) { m.AfterLossCheck(now, out); });
+    on(In(S::kGangLossCheck), maintenance, "TERMINATE: stop waiting; then as after draining",
+       [](M& m, const MaintenanceNotice& e, SteadyTime now, Out& out) {
+         if (Terminates(e)) m.AfterLossCheck(now, out);
+       });
+    on(In(S::kGangLossCheck), signal, "stop waiting (no restart, no re-forming); then as after draining",
+       [](M& m, const StopSignal&, SteadyTime now, Out& out) { m.AfterLossCheck(now, out); });
 
     // A gang member whose trainer finished.
     on(In(S::kGangWaiting), gang_ended,
@@ -673,6 +703,7 @@ std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) con
     case State::kRestoreCancelled: return now + kCancelGrace;
     case State::kRestoring: return now + options_.restore_timeout;
     case State::kForming: return now + (reforming_ ? options_.gang_reform_timeout : options_.gang_form_timeout);
+    case State::kGangLossCheck: return now + options_.gang_loss_grace;
     case State::kGangWaiting: return now + options_.gang_form_timeout;
     case State::kRunning: return earliest(max_runtime_at_, scheduled_stop_at_);
     case State::kStoppingInt: return now + options_.stop_timeout;
@@ -714,6 +745,7 @@ static const char* DeadlineDoc(State s) {
     case State::kStoppingKill: return "5 s";
     case State::kDrainingTerm: return "`kill-timeout`";
     case State::kDrainingKill: return "5 s";
+    case State::kGangLossCheck: return "`gang-lease-ttl` + max(5 s, half of it)";
     case State::kGangWaiting: return "`gang-form-timeout`";
     case State::kRestartingSyncDelay:
     case State::kRestartingDelay: return "`restart-delay` (doubled per quick crash, ≤ 5 min), or `max-runtime` if sooner";
@@ -862,7 +894,7 @@ void StateMachine::EndGangFor(EndReason reason, std::vector<Action>& out) {
     case EndReason::kSyncStalled: why = "checkpoints could not be made durable (sync-stall-action = stop)"; break;
     default: why = fmt::format("run ended ({})", EndReasonName(reason)); break;
   }
-  out.push_back(EndGang{why});
+  out.push_back(EndGang{why, reason == EndReason::kFailed});
 }
 
 void StateMachine::OnGangEnded(const GangEnded& e, SteadyTime now, std::vector<Action>& out) {
@@ -1089,7 +1121,9 @@ void StateMachine::OnTrainerExited(const TrainerExited& e, SteadyTime now, std::
   bool ok = exit_code_ == 0 || phase() == Phase::kStopping;
   Log(ok ? Severity::kInfo : Severity::kError, "trainer.exit", fmt::format("trainer {}", how), f);
   if (!reason_) reason_ = exit_code_ == 0 ? EndReason::kCompleted : EndReason::kFailed;
-  if (*reason_ == EndReason::kFailed) EndGangFor(EndReason::kFailed, out);
+  // In a gang the failure may be a lost peer's (AwaitLoss): the generation
+  // is ended for it only once that is decided.
+  if (*reason_ == EndReason::kFailed && !MayBeGangLoss()) EndGangFor(EndReason::kFailed, out);
   // Stopped because its progress could not be made durable: not a success,
   // whatever the trainer answered to SIGINT.
   if (reason_ == EndReason::kSyncStalled && exit_code_ == 0) exit_code_ = kExitSyncFailed;
@@ -1174,7 +1208,47 @@ bool StateMachine::MaybeRestart(SteadyTime now, std::vector<Action>& out) {
   return true;
 }
 
+// Issue #28: in a gang, a trainer that failed may have failed because a
+// peer is gone (its collective broke at once; the peer's lease expires only
+// later). Until the gang has spoken (an end it already heard, or one within
+// gang_loss_grace), the failure is not this member's.
+bool StateMachine::MayBeGangLoss() const {
+  return options_.gang && gang_formed_ && !gang_ended_ && reason_ == EndReason::kFailed && !preempted_ && !signalled_;
+}
+
+bool StateMachine::AwaitLoss(SteadyTime now, std::vector<Action>& out) {
+  if (!options_.gang || !gang_formed_ || reason_ != EndReason::kFailed) return false;
+  if (gang_ended_ || preempted_ || signalled_) {
+    AfterLossCheck(now, out);  // heard (or going) while the trainer was draining: judged at once
+    return true;
+  }
+  Transition(State::kGangLossCheck, now,
+             fmt::format("the trainer failed: waiting up to {} for the gang to say whether a member was lost first",
+                         FormatDuration(options_.gang_loss_grace)));
+  return true;
+}
+
+void StateMachine::AfterLossCheck(SteadyTime now, std::vector<Action>& out) {
+  if (gang_ended_ && !gang_end_failed_ && !gang_completed_ && reason_ == EndReason::kFailed) {
+    reason_ = EndReason::kGangEnded;
+    Log(Severity::kWarning, "gang.loss_taken",
+        fmt::format("the trainer failed (exit code {}) with the gang: another member was lost, so this is the "
+                    "gang's loss, not this member's failure{}",
+                    exit_code_, options_.gang_wait && !preempted_ && !signalled_ ? " (gang-on-loss = wait: forming again)" : ""),
+        {{"exit_code", exit_code_}});
+  }
+  if (reason_ == EndReason::kFailed) EndGangFor(EndReason::kFailed, out);  // this member's own: the others stop
+  Conclude(now, out);
+}
+
 void StateMachine::AfterDraining(SteadyTime now, std::vector<Action>& out) {
+  if (AwaitLoss(now, out)) return;
+  Conclude(now, out);
+}
+
+// The trainer is gone and what it was is decided: restart it, wait for the
+// gang, or the final sync.
+void StateMachine::Conclude(SteadyTime now, std::vector<Action>& out) {
   if (MaybeRestart(now, out)) return;
   if (AwaitGang(now, out)) return;
   if (!Syncs()) {
@@ -1258,7 +1332,7 @@ void StateMachine::Reform(SteadyTime now, std::vector<Action>& out, const std::s
   reason_.reset();
   exit_code_ = 0;
   stop_signal_ = 0;
-  gang_formed_ = gang_ended_ = gang_completed_ = false;
+  gang_formed_ = gang_ended_ = gang_completed_ = gang_end_failed_ = false;
   sync_writes_ = true;
   reforming_ = true;
   scheduled_stop_at_.reset();

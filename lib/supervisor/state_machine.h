@@ -56,6 +56,7 @@ enum class State {
   kStoppingKill,       // then SIGKILL
   kDrainingTerm,       // SIGTERM to what the trainer left running
   kDrainingKill,       // then SIGKILL
+  kGangLossCheck,      // gang: the trainer failed; was a member lost first? (its lease expires)
   kGangWaiting,        // gang: the trainer finished; waiting for the generation to end
   kRestartingSyncDelay,  // waiting for the restart's sync and for restart-delay
   kRestartingDelay,      // the sync is done (or none): waiting for restart-delay
@@ -144,6 +145,7 @@ struct GangEnded {
   std::int64_t generation = 0;
   std::string reason;
   bool completed = false;
+  bool member_failed = false;  // the member that ended it did so because its own trainer failed
 };
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
                            PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled, MaintenanceWindow,
@@ -178,7 +180,10 @@ struct ExitProcess { int code; };
 struct StartForming {};   // gang: join and wait for the generation
 struct CancelForming {};  // gang: stop waiting (the run ends before the trainer)
 // gang: this member's trouble ends the generation for everyone.
-struct EndGang { std::string why; };  // "was preempted": the driver puts the member's name before it
+struct EndGang {
+  std::string why;
+  bool failed = false;  // this member's own trainer failed (recorded with the end)
+};  // "was preempted": the driver puts the member's name before it
 struct GangDone {};  // gang: this member's trainer exited 0
 using Action = std::variant<StartRestore, SpawnTrainer, SignalTrainer, SignalLeftovers, StartFinalSync, SyncNow, RunOnExit,
                             ExitProcess, StartMounts, CancelMounts, StartUnmounts, CancelRestore, CancelFinalSync,
@@ -240,6 +245,12 @@ struct StateMachineOptions {
   // restore at boot stays: it finds DONE without waiting for the others).
   bool gang_restore_on_forming = false;
   std::chrono::milliseconds gang_reform_timeout{30 * 60'000};
+  // A trainer that fails in a formed gang, with no end of the generation
+  // heard yet, waits this long for one (issue #28): a peer killed without a
+  // word takes the collective down at once (gloo's "Connection closed by
+  // peer"), while etcd says the peer is gone only when its lease expires.
+  // The lease TTL and a margin.
+  std::chrono::milliseconds gang_loss_grace{15'000};
 };
 
 class StateMachine {
@@ -314,6 +325,10 @@ class StateMachine {
   void OnTrainerExited(const TrainerExited& e, SteadyTime now, std::vector<Action>& out);
   void BeginDraining(SteadyTime now, std::vector<Action>& out);
   void AfterDraining(SteadyTime now, std::vector<Action>& out);
+  bool MayBeGangLoss() const;
+  bool AwaitLoss(SteadyTime now, std::vector<Action>& out);
+  void AfterLossCheck(SteadyTime now, std::vector<Action>& out);
+  void Conclude(SteadyTime now, std::vector<Action>& out);
   bool MaybeRestart(SteadyTime now, std::vector<Action>& out);
   void StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out);
   // A notice with a lead: sync now, stop the trainer at now + lead.
@@ -380,6 +395,7 @@ class StateMachine {
   bool gang_formed_ = false;     // a generation with this member is (or was) in force
   bool gang_ended_ = false;      // and it has ended (or this member ended it)
   bool gang_completed_ = false;  // it ended because every trainer finished
+  bool gang_end_failed_ = false;  // it ended because a member's own trainer failed
   bool sync_writes_ = true;      // false: a gang member that only restores
   bool restore_resumed_ = false;
   bool reforming_ = false;  // forming again after a loss: gang_reform_timeout

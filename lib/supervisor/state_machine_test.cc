@@ -1425,13 +1425,86 @@ TEST_CASE("gang: a follower (rank > 0, gang-checkpoint = leader) never syncs") {
   CHECK(Has<RunOnExit>(a));
 }
 
-TEST_CASE("gang: a failed trainer ends the generation with its exit code") {
+TEST_CASE("gang: a failed trainer ends the generation with its exit code, once no member was lost") {
   Harness h(GangOptions());
   FormAndRun(h, 1, false);
-  auto a = h.On(TrainerExited{100, 3, 0});
-  CHECK(Find<EndGang>(a).why == "trainer failed (exit code 3)");
-  CHECK(Has<RunOnExit>(h.On(LeftoversGone{})));
+  CHECK_FALSE(Has<EndGang>(h.On(TrainerExited{100, 3, 0})));  // a lost peer's lease may not have expired yet
+  CHECK(h.On(LeftoversGone{}).empty());
+  CHECK(h.machine.state() == State::kGangLossCheck);
+  CHECK(h.machine.phase() == Phase::kGangWaiting);
+  CHECK(h.machine.deadline() == h.now + 15s);
+  auto a = h.Advance(15s);
+  CHECK(h.Logged("gang.no_loss"));
+  auto end = Find<EndGang>(a);
+  CHECK(end.why == "trainer failed (exit code 3)");
+  CHECK(end.failed);
+  CHECK(Has<RunOnExit>(a));
   CHECK(h.Last("run.end").fields["reason"] == "failed");
+}
+
+// Issue #28 point 3: a peer killed without a word (a host failure) takes the
+// survivors' collective down at once ("Connection closed by peer"); etcd
+// says the peer is gone only when its lease expires.
+TEST_CASE("gang: a trainer failure followed by a lost member is the gang's loss: with gang-on-loss = wait, form again") {
+  auto o = GangOptions();
+  o.gang_wait = true;
+  Harness h(o);
+  FormAndRun(h, 0, true);
+  h.On(TrainerExited{100, 1, 0});
+  h.On(LeftoversGone{});
+  REQUIRE(h.machine.state() == State::kGangLossCheck);
+  h.now += 4s;
+  auto s = Only<StartFinalSync>(h.On(GangEnded{7, "member vm-2 is gone", false, false}));
+  CHECK_FALSE(s.write_done);
+  CHECK(h.Logged("gang.loss_taken"));
+  CHECK(h.Last("gang.loss_taken").message.find("forming again") != std::string::npos);
+  Only<StartForming>(h.On(SyncDone{true, true}));
+  CHECK(h.machine.state() == State::kForming);
+  CHECK(h.Logged("gang.reforming"));
+  CHECK_FALSE(h.Logged("run.end"));
+}
+
+TEST_CASE("gang: a lost member heard while the failed trainer's leftovers drain is taken at once") {
+  Harness h(GangOptions());  // gang-on-loss = stop: the run ends gang-ended, not failed
+  FormAndRun(h, 0, true);
+  h.On(TrainerExited{100, 1, 0});
+  h.On(GangEnded{7, "vm-1 (rank 1): preempted", false, false});
+  auto a = h.On(LeftoversGone{});
+  CHECK_FALSE(Has<EndGang>(a));
+  CHECK(Has<StartFinalSync>(a));
+  CHECK(Has<RunOnExit>(h.On(SyncDone{true, true})));
+  CHECK(h.Logged("gang.loss_taken"));
+  CHECK(h.Last("run.end").fields["reason"] == "gang-ended");
+}
+
+TEST_CASE("gang: a generation ended by another member's own failure leaves this trainer's failure standing") {
+  auto o = GangOptions();
+  o.gang_wait = true;
+  Harness h(o);
+  FormAndRun(h, 0, true);
+  h.On(TrainerExited{100, 1, 0});
+  h.On(LeftoversGone{});
+  auto a = h.On(GangEnded{7, "vm-1 (rank 1): trainer failed (exit code 3)", false, true});
+  CHECK_FALSE(h.Logged("gang.loss_taken"));
+  CHECK_FALSE(Has<EndGang>(a));  // it has ended already
+  CHECK(Has<StartFinalSync>(a));
+  CHECK(Has<RunOnExit>(h.On(SyncDone{true, true})));
+  CHECK_FALSE(h.Logged("gang.reforming"));
+  CHECK(h.Last("run.end").fields["reason"] == "failed");
+}
+
+TEST_CASE("gang: preempted while waiting to hear of a loss: the failure stands, the generation is ended, no re-forming") {
+  auto o = GangOptions();
+  o.gang_wait = true;
+  Harness h(o);
+  FormAndRun(h, 0, true);
+  h.On(TrainerExited{100, 1, 0});
+  h.On(LeftoversGone{});
+  auto a = h.On(PreemptionNotice{});
+  CHECK(Find<EndGang>(a).failed);
+  CHECK(Has<StartFinalSync>(a));
+  h.On(SyncDone{true, true});
+  CHECK_FALSE(h.Logged("gang.reforming"));
 }
 
 TEST_CASE("gang: a finished trainer waits for the others; DONE only when the whole gang completed") {
@@ -1568,9 +1641,10 @@ TEST_CASE("gang + restart = on-failure: the failed member ends the generation, w
   o.max_restarts = 1;
   Harness h(o);
   FormAndRun(h, 1, false);
-  auto a = h.On(TrainerExited{100, 3, 0});
-  CHECK(Find<EndGang>(a).why == "trainer failed (exit code 3)");
+  h.On(TrainerExited{100, 3, 0});
   h.On(LeftoversGone{});
+  auto a = h.Advance(15s);  // no member was lost
+  CHECK(Find<EndGang>(a).why == "trainer failed (exit code 3)");
   CHECK(h.machine.phase() == Phase::kRestarting);
   CHECK(h.Logged("restart.scheduled"));
   Only<StartForming>(h.Advance(10s));
@@ -1582,7 +1656,8 @@ TEST_CASE("gang + restart = on-failure: the failed member ends the generation, w
   h.On(TrainerSpawned{200});
   // The second failure: max-restarts reached, the run ends as failed.
   h.On(TrainerExited{200, 3, 0});
-  CHECK(Has<RunOnExit>(h.On(LeftoversGone{})));
+  h.On(LeftoversGone{});
+  CHECK(Has<RunOnExit>(h.Advance(15s)));
   CHECK(h.Logged("restart.exhausted"));
   CHECK(h.Last("run.end").fields["reason"] == "failed");
 }

@@ -199,6 +199,9 @@ StateMachineOptions MachineOptions(const Config& c) {
   o.gang_form_timeout = c.gang_form_timeout;
   o.gang_wait = c.gang_wait_on_loss;
   o.gang_reform_timeout = c.gang_reform_timeout;
+  // A lost peer's lease expires within the TTL of its last renewal; the
+  // watch that sees it and the end record take a moment more.
+  o.gang_loss_grace = c.gang_lease_ttl + std::max<std::chrono::milliseconds>(std::chrono::seconds(5), c.gang_lease_ttl / 2);
   // gang-checkpoint = all: the rank decides which share it restores, so it
   // restores only once formed.
   o.gang_restore_after_forming = !c.gang.empty() && c.gang_checkpoint_all;
@@ -549,7 +552,8 @@ void Supervisor::Execute(const Action& a) {
   } else if (auto* eg = std::get_if<EndGang>(&a)) {
     if (options_.gang && gang_generation_) {
       options_.gang->End(gang_generation_->number,
-                         fmt::format("{} (rank {}): {}", options_.gang->options().self.instance, gang_rank_, eg->why));
+                         fmt::format("{} (rank {}): {}", options_.gang->options().self.instance, gang_rank_, eg->why),
+                         eg->failed);
     }
   } else if (std::holds_alternative<GangDone>(a)) {
     if (options_.gang && gang_generation_) options_.gang->Done(gang_generation_->number);
@@ -1482,10 +1486,10 @@ void Supervisor::StartForming() {
   cb.failed = [this](const Status& s) {
     asio::post(io_, [this, s] { Dispatch(GangFormFailed{s.message()}); });
   };
-  cb.ended = [this](std::int64_t n, const std::string& reason) {
-    asio::post(io_, [this, n, reason] {
+  cb.ended = [this](std::int64_t n, const GenerationEnd& end) {
+    asio::post(io_, [this, n, end] {
       DropSshTrust();
-      Dispatch(GangEnded{n, reason, reason == kGangCompleted});
+      Dispatch(GangEnded{n, end.reason, end.reason == kGangCompleted, end.failed});
     });
   };
   gang->Start(std::move(cb));

@@ -54,7 +54,29 @@ signal.signal(signal.SIGINT, on_int)
 with open(os.path.join(out, f"env-{member}.tmp"), "w") as f:
     json.dump(env, f)
 os.rename(os.path.join(out, f"env-{member}.tmp"), os.path.join(out, f"env-{member}.json"))
+# PEER_WATCH=vm-0,vm-1,...: like a collective (gloo, NCCL), fail at once when
+# a peer of this generation is gone ("Connection closed by peer").
+generation = os.environ.get("SPOTVISOR_GANG_GENERATION", "0")
+peers = [p for p in os.environ.get("PEER_WATCH", "").split(",") if p and p != member]
+with open(os.path.join(out, f"pid-{member}-g{generation}"), "w") as f:
+    f.write(str(os.getpid()))
+def peer_gone():
+    for p in peers:
+        try:
+            with open(os.path.join(out, f"pid-{p}-g{generation}")) as f:
+                pid = int(f.read() or 0)
+        except (FileNotFoundError, ValueError):
+            continue  # not started yet
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return p
+    return None
 while True:
+    gone = peer_gone() if peers else None
+    if gone:
+        print(f"RuntimeError: [gloo] Connection closed by peer ({gone})", file=sys.stderr, flush=True)
+        sys.exit(1)
     for name in (f"exit-{member}", "exit-all"):
         p = os.path.join(out, name)
         if os.path.exists(p):
@@ -62,6 +84,7 @@ while True:
                 code = int(f.read().strip() or 0)
             if code == 0:
                 save(start + 1)
+                os.remove(os.path.join(out, f"pid-{member}-g{generation}"))  # finished: not a lost peer
             sys.exit(code)
     time.sleep(0.02)
 '''
@@ -333,6 +356,58 @@ class GangTest(GangTestCase):
             self.assertEqual(p.wait_exit(timeout=30), 0)
             self.assertEqual(p.wait_event("run.end")["reason"], "completed")
         self.assertTrue(os.path.exists(os.path.join(self.bucket, self.NAME, "DONE")))
+
+    def test_gang_on_loss_wait_survivors_whose_trainers_fail_on_a_peer_killed_without_a_word_form_again(self):
+        # Issue #28 point 3: a host failure (spotvisor and trainer killed -9)
+        # breaks the survivors' collective at once, their trainers fail on
+        # "Connection closed by peer", and etcd says the peer is gone only
+        # when its lease expires. That is the gang's loss: they wait for the
+        # member to come back instead of ending as failed.
+        wait = {"gang-on-loss": "wait", "gang-reform-timeout": "60s"}
+        peers = "PEER_WATCH=vm-0,vm-1,vm-2"
+        procs = self.form(trainer_env=peers, **wait)
+        for k in range(3):
+            self.env_of(f"vm-{k}")
+        with open(os.path.join(self.tmp, "state-2", "status.json")) as f:
+            trainer = json.load(f)["trainer_pid"]
+        procs[2].kill()
+        os.killpg(trainer, signal.SIGKILL)
+        for p in procs[:2]:
+            exit_event = p.wait_event("trainer.exit", timeout=30)
+            self.assertEqual(exit_event["exit_code"], 1, "the survivor's trainer failed first, on the lost connection")
+            taken = p.wait_event("gang.loss_taken", timeout=30)
+            self.assertIn("forming again", taken["message"])
+            p.wait_event("gang.reforming", timeout=30)
+            self.assertFalse(p.find("run.end"), "a survivor has not ended its run")
+            self.assertFalse(p.find("gang.ending"), "a survivor did not end the generation as its own failure")
+        for k in range(3):
+            os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
+        self.members["vm-2"]["metadata"].stop()
+        procs[2] = self.start_member(2, trainer_env=peers, **wait)
+        envs = [self.env_of(f"vm-{k}", timeout=40) for k in range(3)]
+        self.assertEqual(len({e["SPOTVISOR_GANG_GENERATION"] for e in envs}), 1, envs)
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+
+    def test_a_real_failure_that_takes_the_others_trainers_down_ends_everyone_failed(self):
+        # The edge of the rule above: nobody is lost, so a failure stands,
+        # also for the members whose trainers failed only on the connection.
+        wait = {"gang-on-loss": "wait", "gang-reform-timeout": "60s"}
+        procs = self.form(trainer_env="PEER_WATCH=vm-0,vm-1,vm-2", **wait)
+        for k in range(3):
+            self.env_of(f"vm-{k}")
+        with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
+            f.write("3")
+        codes = [p.wait_exit(timeout=40) for p in procs]
+        self.assertEqual(codes, [1, 3, 1])
+        for p in procs:
+            self.assertEqual(p.wait_event("run.end")["reason"], "failed")
+            self.assertFalse(p.find("gang.loss_taken"))
+            self.assertFalse(p.find("gang.reforming"))
+        self.assertTrue(any(p.find("gang.no_loss") for p in procs), "someone waited out the grace and said so")
 
     def test_a_member_that_boots_during_rank0s_final_sync_resumes_from_its_commit(self):
         # Issue #28: members restored at boot, before forming, and not again
