@@ -210,6 +210,11 @@ void Judge_::JudgeDir(Unit& u) const {
       const File* ev = nullptr;
       for (auto const* file : u.files) {
         if (file->rel == prefix + c.evidence_file) ev = file;
+        if (c.unfinished_flag && file->rel == prefix + c.unfinished_flag) {
+          u.reason = fmt::format("{} ({}): {} says a save into it is not finished", label, c.framework, c.unfinished_flag);
+          u.holding = {file->rel};
+          return;
+        }
       }
       if (!ev) {
         u.reason = fmt::format("{} ({}): no {} yet, which it writes last", label, c.framework, c.evidence_file);
@@ -576,9 +581,12 @@ const std::vector<Convention>& Conventions() {
        "trainer_state.json", "rng_state",
        "config.json, the weights (model.safetensors or shards, then their index), tokenizer files, training_args.bin, "
        "optimizer.pt, scheduler.pt, rng_state.pth (one per rank, with no barrier), then trainer_state.json, all in "
-       "place; `save_total_limit` removes the oldest afterwards (4.39 and later; source read at 4.56)",
+       "place; `save_total_limit` removes the oldest afterwards, by directory mtime since 4.52; 5.x with "
+       "`enable_jit_checkpoint` keeps `checkpoint-is-incomplete.txt` in it during a save (4.39 and later; source "
+       "read at 4.56, 5.0 and 5.1)",
        "`get_last_checkpoint`: the highest `checkpoint-N` by name, without looking inside; then it needs "
-       "trainer_state.json"},
+       "trainer_state.json",
+       "checkpoint-is-incomplete.txt"},
       {"Hugging Face Trainer 4.36-4.38", SaveKind::kTemp, "tmp-checkpoint-", false, nullptr, nullptr, nullptr, false,
        Evidence::kNone, nullptr, nullptr, "the same files into `tmp-checkpoint-N/`, then a rename to `checkpoint-N/`",
        "as above"},
@@ -632,10 +640,11 @@ std::string TableMarkdown() {
     std::string complete;
     switch (c.evidence) {
       case Evidence::kLastFile:
-        complete = fmt::format("`{}` is there and whole, nothing in the directory is newer{}, nothing open for writing",
+        complete = fmt::format("`{}` is there and whole, nothing in the directory is newer{}, nothing open for writing{}",
                                c.evidence_file,
                                c.may_follow ? fmt::format(" (but `{}*`, which other ranks write with no barrier)", c.may_follow)
-                                            : "");
+                                            : "",
+                               c.unfinished_flag ? fmt::format(", no `{}`", c.unfinished_flag) : "");
         break;
       case Evidence::kAppeared: complete = "as soon as it has its name (a rename), nothing open for writing"; break;
       case Evidence::kPointerNames:

@@ -161,6 +161,9 @@ struct Convention {
   // For the docs: how the framework writes it, and how it resumes.
   const char* writes;
   const char* resumes;
+  // kLastFile: a file the framework keeps in the directory while a save is
+  // under way (transformers 5's JIT checkpoint flag); null: none.
+  const char* unfinished_flag = nullptr;
 };
 const std::vector<Convention>& Conventions();
 std::string TableMarkdown();

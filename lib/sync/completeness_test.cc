@@ -217,6 +217,15 @@ TEST_CASE("Hugging Face checkpoint-N/: whole when trainer_state.json, written la
     CHECK_FALSE(v.complete);
     CHECK(Has(v.why, "written after trainer_state.json"));
   }
+  SECTION("transformers 5's JIT checkpoint flag still there: the save is not finished, whatever else it holds") {
+    // CheckpointManager writes checkpoint-is-incomplete.txt, saves, then
+    // removes it: killed in between, trainer_state.json is there already.
+    t.File("checkpoint-6/checkpoint-is-incomplete.txt", 30, 0, Format::kUnknown);
+    t.Trainer(Trainer::kKilled, 0);
+    auto v = t.Judge();
+    CHECK_FALSE(v.complete);
+    CHECK(Has(v.why, "checkpoint-is-incomplete.txt says a save into it is not finished"));
+  }
   SECTION("trainer_state.json cut short (does not parse)") {
     t.f.files[2].format = Format::kTorn;
     t.Trainer(Trainer::kKilled, 0);

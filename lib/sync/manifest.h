@@ -44,7 +44,7 @@ struct ManifestEntry {
   std::uint64_t size = 0;
   std::uint32_t crc = 0;
   std::int64_t generation = 0;
-  std::int64_t mtime_ns = 0;  // state file only
+  std::int64_t mtime_ns = 0;  // the file's time when committed (0: a manifest from before times were kept)
 };
 
 struct Manifest {

@@ -286,6 +286,41 @@ StatusOr<RestoreStats> SyncEngine::Restore(const CallContext& ctx) {
   return stats;
 }
 
+namespace {
+
+void SetMtime(const std::string& path, std::int64_t mtime_ns) {
+  struct timespec times[2];
+  times[0].tv_sec = 0;
+  times[0].tv_nsec = UTIME_OMIT;
+  times[1].tv_sec = static_cast<time_t>(mtime_ns / 1'000'000'000);
+  times[1].tv_nsec = static_cast<long>(mtime_ns % 1'000'000'000);
+  utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW);  // best effort: a time is not worth failing a restore
+}
+
+// Each directory the commit's files are in gets the time of the newest file
+// under it, deepest first, as if its files had just been written into it:
+// what `save_total_limit` (by directory mtime) and a person's `ls -t` see
+// after a restore is the order of the saves, not of the downloads. Only
+// from manifests that carry times (1.x manifests before this do not).
+void RestoreDirectoryTimesOf(const std::string& root, const Manifest& m) {
+  std::map<std::string, std::int64_t> newest;  // relative directory -> newest mtime under it
+  for (auto const& e : m.files) {
+    if (e.mtime_ns <= 0) return;
+    for (auto slash = e.path.rfind('/'); slash != std::string::npos && slash > 0; slash = e.path.rfind('/', slash - 1)) {
+      auto& t = newest[e.path.substr(0, slash)];
+      t = std::max(t, e.mtime_ns);
+    }
+  }
+  // Longest paths first: setting a child's time does not touch its parent's.
+  std::vector<std::pair<std::string, std::int64_t>> dirs(newest.begin(), newest.end());
+  std::sort(dirs.begin(), dirs.end(), [](auto const& a, auto const& b) { return a.first.size() > b.first.size(); });
+  for (auto const& [dir, t] : dirs) SetMtime(root + "/" + dir, t);
+}
+
+}  // namespace
+
+void SyncEngine::RestoreDirectoryTimes(const Manifest& m) const { RestoreDirectoryTimesOf(o_.checkpoint_dir, m); }
+
 // Puts every file of `m` into checkpoint_dir: parallel, each checked
 // against the manifest's size and crc32c, files already there (same size and
 // crc32c) kept as they are, so an interrupted restore or pull goes on where
@@ -341,6 +376,9 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
     } else if (auto g = GiveToOwner(target, o_, st.st_mode & 07777); !g.ok()) {
       return g;
     }
+    // The time it had when committed: frameworks order saves by it
+    // (Lightning's newest last*.ckpt, transformers' rotation since 4.52).
+    if (e.mtime_ns > 0) SetMtime(target, e.mtime_ns);
     if (lstat(target.c_str(), &st) != 0) return ErrnoToStatus(errno, Escaped(target));
     std::lock_guard slk(stats_mu);
     restored[e.path] = Uploaded{e.size, Ns(st.st_mtim), e.crc, e.object, e.generation};
@@ -348,6 +386,7 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
   });
   };
   auto s = attempt();
+  if (s.ok()) RestoreDirectoryTimes(*m);
   if (s.ok() || !IsNoSpace(s)) return s;
   if (drop_stale) {
     // No room for the download beside the local copy it replaces: that copy

@@ -228,8 +228,9 @@ Status SyncEngine::Commit(std::int64_t seq, const FileMap& next, bool marker, co
   std::string id = RandomHex(16);
   Json files = Json::array();
   for (auto const& [path, u] : next) {
+    // mtime_ns: the time the file had here, put back by a restore.
     files.push_back({{"path", path}, {"object", u.object}, {"size", u.size}, {"crc32c", Crc32cToBase64(u.crc32c)},
-                     {"generation", u.generation}});
+                     {"generation", u.generation}, {"mtime_ns", u.mtime_ns}});
   }
   std::string committed_at = FormatRfc3339(clock_.WallNow());
   Json manifest = {{"version", 2},

@@ -292,6 +292,8 @@ class SyncEngine {
   Status DownloadCommit(const Manifest& m, FileMap& restored, RestoreStats& stats, const CallContext& ctx,
                         bool drop_stale = false);
   std::string InTheWay(const Manifest& m) const;
+  // After a restore: each directory of the commit gets the time of its newest file.
+  void RestoreDirectoryTimes(const Manifest& m) const;
 
   std::unique_ptr<ObjectStore> store_;
   SyncOptions o_;

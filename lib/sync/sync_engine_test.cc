@@ -220,6 +220,55 @@ TEST_CASE("sync, reboot, restore: the bytes come back identical") {
   CHECK(s->files_uploaded == 0);
 }
 
+std::int64_t MtimeNs(const std::string& path) {
+  struct stat st {};
+  REQUIRE(lstat(path.c_str(), &st) == 0);
+  return std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+// Frameworks order saves by time: Lightning resumes from the newest
+// last*.ckpt by mtime, transformers (4.52+) rotates the oldest checkpoint-N/
+// by directory mtime. Restored in download order, checkpoint-1000/ (restored
+// first: it sorts first by name) looked older than checkpoint-900/.
+TEST_CASE("a restore puts back each file's time, and gives each directory its newest file's") {
+  Dirs d;
+  FakeClock clock;
+  Write(d.ckpt + "/checkpoint-900/model.safetensors", "nine hundred");
+  Write(d.ckpt + "/checkpoint-900/trainer_state.json", "{}");
+  Write(d.ckpt + "/checkpoint-1000/model.safetensors", "one thousand");
+  Write(d.ckpt + "/checkpoint-1000/trainer_state.json", "{}");
+  Write(d.ckpt + "/last.ckpt", "old");
+  Write(d.ckpt + "/last-v1.ckpt", "new");
+  Age(d.ckpt + "/checkpoint-900/model.safetensors", clock, 300s);
+  Age(d.ckpt + "/checkpoint-900/trainer_state.json", clock, 290s);
+  Age(d.ckpt + "/checkpoint-1000/model.safetensors", clock, 200s);
+  Age(d.ckpt + "/checkpoint-1000/trainer_state.json", clock, 190s);
+  Age(d.ckpt + "/last.ckpt", clock, 400s);
+  Age(d.ckpt + "/last-v1.ckpt", clock, 100s);
+  {
+    auto e = Engine(d, clock);
+    REQUIRE(e.Restore().ok());
+    REQUIRE(e.Sync(true).ok());
+  }
+  auto fresh = d.root + "/fresh";
+  fs::create_directories(fresh);
+  auto e2 = Engine(d, clock, fresh);
+  REQUIRE(e2.Restore().ok());
+  for (auto rel : {"checkpoint-900/model.safetensors", "checkpoint-900/trainer_state.json", "checkpoint-1000/model.safetensors",
+                   "checkpoint-1000/trainer_state.json", "last.ckpt", "last-v1.ckpt"}) {
+    INFO(rel);
+    CHECK(MtimeNs(fresh + "/" + rel) == MtimeNs(d.ckpt + "/" + rel));
+  }
+  CHECK(MtimeNs(fresh + "/checkpoint-900") == MtimeNs(d.ckpt + "/checkpoint-900/trainer_state.json"));
+  CHECK(MtimeNs(fresh + "/checkpoint-1000") == MtimeNs(d.ckpt + "/checkpoint-1000/trainer_state.json"));
+  CHECK(MtimeNs(fresh + "/checkpoint-1000") > MtimeNs(fresh + "/checkpoint-900"));
+  CHECK(MtimeNs(fresh + "/last-v1.ckpt") > MtimeNs(fresh + "/last.ckpt"));
+  // The times are the commit's: nothing looks changed to the next sync.
+  auto s = e2.Sync(false);
+  REQUIRE(s.ok());
+  CHECK(s->files_uploaded == 0);
+}
+
 // Steady time moves a second on every reading: a long transfer, compressed.
 class TickingClock final : public Clock {
  public:
