@@ -316,6 +316,15 @@ struct GangCoordinator::Snapshot {
       if (m.registered != 0 && it->second.create_revision != m.registered) {
         return fmt::format("member {} was gone (it registered again)", m.instance);
       }
+      // Its record written again after the commit: a spotvisor restarted on
+      // the same boot took its key over. It never adopts a trainer, so the
+      // one it had in this generation is gone (issue #28: it joined the old
+      // generation and started a fresh trainer beside the others' running ones).
+      if (g.number == (generation ? generation->number : 0) && generation_mod != 0 &&
+          it->second.mod_revision > generation_mod) {
+        return fmt::format("member {} registered again (its spotvisor restarted; its trainer of generation {} is gone)",
+                           m.instance, g.number);
+      }
       if (it->second.member.ip != m.ip) {
         return fmt::format("member {} changed its IP from {} to {}", m.instance, m.ip, it->second.member.ip);
       }

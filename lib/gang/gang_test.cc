@@ -585,6 +585,28 @@ TEST_CASE("coordinator: gang-launch = leader: rank 0 finishing completes the gen
   CHECK(d->MarkDone(*g2, h2.Ctx()).value() == kGangCompleted);
 }
 
+TEST_CASE("coordinator: a spotvisor restarted on the same boot ends the generation it was in instead of joining it again",
+          "[gang]") {
+  Harness h;
+  auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
+  auto b = h.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(a->Join(h.Ctx()).ok());
+  REQUIRE(b->Join(h.Ctx()).ok());
+  auto g = a->AwaitGeneration(h.Ctx());
+  REQUIRE(g.ok());
+  // vm-b's spotvisor restarts (the same boot id): it takes its key over.
+  auto b2 = h.Coordinator(M("vm-b", "10.0.0.2", 2));
+  REQUIRE(b2->Join(h.Ctx()).ok());
+  auto why = a->AwaitEnd(*g, h.Ctx());
+  REQUIRE(why.ok());
+  CHECK(*why == "member vm-b registered again (its spotvisor restarted; its trainer of generation 1 is gone)");
+  // The restarted one is not handed generation 1 back: the next one forms.
+  REQUIRE(a->Join(h.Ctx()).ok());
+  auto g2 = b2->AwaitGeneration(h.Ctx());
+  REQUIRE(g2.ok());
+  CHECK(g2->number == 2);
+}
+
 TEST_CASE("coordinator: the end record says whether the member that ended it failed; a member gone did not", "[gang]") {
   Harness h;
   auto a = h.Coordinator(M("vm-a", "10.0.0.1", 2));
