@@ -701,6 +701,78 @@ class GangTest(GangTestCase):
         self.assertTrue(exists("DONE"))
         self.assertEqual(sum(1 for p in procs if p.find("done.written")), 1, "exactly one rank wrote DONE")
 
+    def _whole_set_at_step_1(self, sets):
+        """Two members form, vm-1 is preempted: both ranks save step 1 and commit
+        their shares; the set is whole. Both spotvisors have exited."""
+        procs = self.form(n=2, **sets)
+        for k in range(2):
+            self.env_of(f"vm-{k}")
+            os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
+        self.members["vm-1"]["metadata"].set("instance/preempted", "TRUE")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 130)
+        self.assertTrue(any(p.find("gang.share_committed", set_complete=True) for p in procs))
+        for k in range(2):
+            self.members[f"vm-{k}"]["metadata"].stop()
+
+    def test_checkpoint_all_a_wiped_etcd_never_completes_a_set_with_an_old_epochs_share(self):
+        # Issue #28 point 1: shares were named gen-G.json after etcd's
+        # generation number; a new or wiped etcd counts from 1 again, and rank 1's
+        # old gen-1 share completed rank 0's new gen-1 set: the ranks resumed
+        # from different saves (rank 0 at step 2, rank 1 at step 1).
+        sets = {"gang-checkpoint": "all"}
+        self._whole_set_at_step_1(sets)
+        self.etcd.stop()  # etcd-server reinstalled on the coordinator: a new, empty cluster
+        self.etcd = Etcd(os.path.join(self.tmp, "etcd-new")).start()
+        self.addCleanup(self.etcd.stop)
+        procs = [self.start_member(k, size=2, **sets) for k in range(2)]
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(2)]
+        self.assertEqual(envs[0]["SPOTVISOR_GANG_GENERATION"], "1", "the new etcd counts from 1 again")
+        self.assertEqual([(e["start_step"], e["ckpt_by"]) for e in envs], [(1, "vm-0"), (1, "vm-1")])
+        for k in range(2):
+            os.remove(os.path.join(self.out, f"env-vm-{k}.json"))
+        # vm-1 dies without a word in the new generation 1: rank 0 saves step 2
+        # and commits its share; rank 1 never does.
+        with open(os.path.join(self.tmp, "state-1", "status.json")) as f:
+            trainer = json.load(f)["trainer_pid"]
+        procs[1].kill()
+        os.killpg(trainer, signal.SIGKILL)
+        share = procs[0].wait_event("gang.share_committed", timeout=30)
+        self.assertFalse(share["set_complete"], "rank 1's share of the old generation 1 does not complete it")
+        self.assertEqual(procs[0].wait_exit(timeout=30), 130)
+        for k in range(2):
+            self.members[f"vm-{k}"]["metadata"].stop()
+        procs = [self.start_member(k, size=2, **sets) for k in range(2)]
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(2)]
+        self.assertEqual([(e["start_step"], e["ckpt_by"]) for e in envs], [(1, "vm-0"), (1, "vm-1")],
+                         "both ranks from the one whole set, step 1; never rank 0 at step 2 beside rank 1 at step 1")
+        procs[0].wait_event("gang.set_restore", rolled_back=True, rank=0)
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+
+    def test_checkpoint_all_a_bigger_gang_resumes_from_the_newest_whole_set_and_deletes_nothing(self):
+        # Issue #28 point 2: gang-size 2 -> 3 said "no checkpoint set is
+        # complete yet: every rank starts from scratch" and deleted every rank's
+        # manifest.json.
+        self._whole_set_at_step_1({"gang-checkpoint": "all"})
+        run = os.path.join(self.bucket, self.NAME)
+        before = {k: open(os.path.join(run, f"rank-{k}", "manifest.json")).read() for k in range(2)}
+        procs = [self.start_member(k, size=3, **{"gang-checkpoint": "all"}) for k in range(3)]
+        envs = [self.env_of(f"vm-{k}", timeout=30) for k in range(3)]
+        self.assertEqual([(e["start_step"], e["ckpt_by"]) for e in envs[:2]], [(1, "vm-0"), (1, "vm-1")],
+                         "the ranks that were there resume from the set of two")
+        self.assertEqual(envs[2]["start_step"], 0, "the new rank starts fresh")
+        for k in range(2):
+            with open(os.path.join(run, f"rank-{k}", "manifest.json")) as f:
+                self.assertEqual(f.read(), before[k], "no committed work deleted")
+        with open(os.path.join(self.out, "exit-all"), "w") as f:
+            f.write("0")
+        for p in procs:
+            self.assertEqual(p.wait_exit(timeout=30), 0)
+            self.assertEqual(p.wait_event("run.end")["reason"], "completed")
+
     def _authorized(self, k):
         path = os.path.join(self.tmp, f"home-{k}", ".ssh", "authorized_keys")
         if not os.path.exists(path):
