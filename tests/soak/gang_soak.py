@@ -8,6 +8,7 @@ Storage, driven through a random series of faults drawn from the run's seed:
   preempt       a member is preempted; it comes back (same disk, or a new one)
   kill          a member's spotvisor and trainer are killed -9 (a host failure)
   kill_final    a member is preempted and rank 0 is killed -9 during its final sync
+  kill_restoring a member is preempted, and killed -9 again while it restores on its way back
   restart       a member's spotvisor is stopped (SIGTERM) and started again at once
   etcd_restart  etcd is killed and started again on the same data
   etcd_wipe     etcd is killed and started empty (a new cluster: generations from 1)
@@ -51,7 +52,8 @@ from fake_metadata import FakeMetadataServer  # noqa: E402
 from fake_gcs import FakeGcsServer  # noqa: E402
 import test_gang  # noqa: E402  (its trainer and its etcd)
 
-FAULTS = ["preempt", "kill", "kill_final", "restart", "etcd_restart", "etcd_wipe", "resize", "gc", "pull"]
+FAULTS = ["preempt", "kill", "kill_final", "kill_restoring", "restart", "etcd_restart", "etcd_wipe", "resize", "gc",
+          "pull"]
 BUCKET = "soak-bucket"
 GANG = "soak"
 
@@ -267,6 +269,18 @@ class Run:
             self.members[others[0]]["proc"].wait_exit(timeout=60)
             self.start(self.members[others[0]]["k"], self.size)
             self.start(0, self.size, new_disk=rng.random() < 0.3)
+            self.wait_generation()
+        elif kind == "kill_restoring":
+            self.clear_envs()
+            self.members[victim]["metadata"].set("instance/preempted", "TRUE")
+            self.members[victim]["proc"].wait_exit(timeout=60)
+            self.start(k, self.size)
+            back = self.members[victim]
+            # At boot, or once formed again: whichever restore comes first.
+            back["proc"].wait_event("restore.start", timeout=60)
+            time.sleep(rng.uniform(0, 0.02))
+            self.kill9(back)
+            self.start(k, self.size)
             self.wait_generation()
         elif kind in ("etcd_restart", "etcd_wipe"):
             self.clear_envs()
