@@ -191,18 +191,37 @@ class Run:
         """Every member's trainer of one new generation started: check what they resumed."""
         names = sorted(self.members)
         paths = [os.path.join(self.out, f"env-{n}.json") for n in names]
+
+        def read():
+            envs = {}
+            for n, p in zip(names, paths):
+                try:
+                    with open(p) as f:
+                        envs[n] = json.load(f)
+                except (OSError, ValueError):
+                    return None
+            return envs
+
         def started():
             for n in names:
                 code = self.members[n]["proc"].proc.poll()
                 if code is not None:
                     last = [f"{e.get('event')}: {e.get('message', '')[:160]}" for e in self.members[n]["proc"].events[-4:]]
                     raise AssertionError(f"{n} exited {code} while the gang formed: {last}")
-            return all(os.path.exists(p) for p in paths)
-        wait_until(started, timeout, "every member's trainer to start")
-        envs = {}
-        for n, p in zip(names, paths):
-            with open(p) as f:
-                envs[n] = json.load(f)
+            envs = read()
+            # A generation that formed with a member already dying (its lease
+            # not yet expired) starts some trainers before it ends: wait for
+            # the generation every member is in.
+            return envs is not None and len({e["SPOTVISOR_GANG_GENERATION"] for e in envs.values()}) == 1
+        try:
+            wait_until(started, timeout, "every member's trainer of one generation to start")
+        except AssertionError:
+            envs = read()
+            if envs is None:
+                raise
+            self.violate("one-commit", "members never came to one generation: "
+                         f"{ {n: e['SPOTVISOR_GANG_GENERATION'] for n, e in envs.items()} }")
+        envs = read()
         gens = {e["SPOTVISOR_GANG_GENERATION"] for e in envs.values()}
         steps = {n: e["start_step"] for n, e in envs.items()}
         self.generations += 1
