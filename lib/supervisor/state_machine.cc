@@ -326,6 +326,18 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
          m.CutShortBeforeTrainer(now, out);
        });
 
+    on(In(S::kRestoring), gang_ended,
+       "gang: the generation ended while this member restored after forming: cancel the downloads → "
+       "`restoring/cancelled`; no trainer starts in it (`gang-ended`, exit 75; gang-on-loss = wait: forming again)",
+       [](M& m, const GangEnded&, SteadyTime now, Out& out) {
+         // Found by the gang soak (issue #28): the restore went on and the
+         // trainer started alone in a generation that had ended.
+         if (!m.gang_formed_ || m.reason_) return;
+         m.reason_ = EndReason::kGangEnded;
+         m.exit_code_ = kExitPreemptedBeforeStart;
+         m.CutShortBeforeTrainer(now, out);
+       });
+
     // Forming the gang (issue #16).
     note(gang_ended,
          "gang: remember that the generation ended, whether every trainer finished, and whether a member ended it for "

@@ -1425,6 +1425,24 @@ TEST_CASE("gang: a follower (rank > 0, gang-checkpoint = leader) never syncs") {
   CHECK(Has<RunOnExit>(a));
 }
 
+TEST_CASE("gang: a generation that ends while a member restores after forming starts no trainer; it forms again") {
+  auto o = GangOptions();
+  o.gang_wait = true;
+  o.gang_restore_on_forming = true;
+  Harness h(o);
+  Only<StartRestore>(h.On(StartEvent{}));
+  Only<StartForming>(h.On(RestoreDone{true, false, true, ""}));
+  Only<StartRestore>(h.On(GangFormed{7, 0, true}));
+  REQUIRE(h.machine.state() == State::kRestoring);
+  Only<CancelRestore>(h.On(GangEnded{7, "member vm-1 is gone", false, false}));
+  CHECK(h.machine.state() == State::kRestoreCancelled);
+  auto a = h.On(RestoreDone{false, false, false, "cancelled"});
+  CHECK_FALSE(Has<SpawnTrainer>(a));
+  Only<StartForming>(a);
+  CHECK(h.Logged("gang.reforming"));
+  CHECK_FALSE(h.Logged("run.end"));
+}
+
 TEST_CASE("gang: a failed trainer ends the generation with its exit code, once no member was lost") {
   Harness h(GangOptions());
   FormAndRun(h, 1, false);

@@ -1609,6 +1609,9 @@ std::vector<std::string> Supervisor::GangEnv() const {
       "SPOTVISOR_GANG_RANK=" + r,
       "SPOTVISOR_GANG_SIZE=" + n,
       "SPOTVISOR_GANG_GENERATION=" + std::to_string(g.number),
+      // Unlike the number, never the same for two generations, also across
+      // a new etcd: a name for what this generation saves (issue #28).
+      "SPOTVISOR_GANG_SET_ID=" + g.set_id,
       "SPOTVISOR_GANG_HOSTS=" + hosts,
       "SPOTVISOR_GANG_HOSTFILE=" + options_.config.state_dir + "/gang-hostfile",
       // torch.distributed's env:// initialisation, one process per node.

@@ -36,13 +36,14 @@ try:
     with open(os.path.join(ckpt, "model")) as f:
         words = f.read().split()
         start, by = int(words[1]), words[3]
+        env["ckpt_set"] = words[5] if len(words) > 5 else ""
 except (FileNotFoundError, IndexError, ValueError):
     pass
 env["start_step"], env["ckpt_by"] = start, by
 def save(step):
     tmp = os.path.join(ckpt, "model.tmp")
     with open(tmp, "w") as f:
-        f.write(f"step {step} by {member}\n")
+        f.write(f"step {step} by {member} set {os.environ.get('SPOTVISOR_GANG_SET_ID', '-')}\n")
     os.rename(tmp, os.path.join(ckpt, "model"))
 def on_int(signum, frame):
     time.sleep(float(os.environ.get("SLOW_STOP", "0")))  # a trainer slow to stop: its final sync comes late
@@ -660,6 +661,8 @@ class GangTest(GangTestCase):
             ids.add(shares[0].split("/")[-1])
             self.assertTrue(exists(f"rank-{k}/manifest.json"))
         self.assertEqual(len(ids), 1, "one set, one name")
+        # The trainers were told the set's id (SPOTVISOR_GANG_SET_ID), to tag their saves with.
+        self.assertEqual({e["SPOTVISOR_GANG_SET_ID"] for e in envs}, {ids.pop()[:-len(".json")].rsplit("-", 1)[1]})
         self.assertFalse(exists("manifest.json"), "no gang-wide manifest: each rank has its own")
         # vm-2 comes back: every rank resumes from its own shard of set 1.
         self.members["vm-2"]["metadata"].stop()

@@ -18,8 +18,9 @@ Storage, driven through a random series of faults drawn from the run's seed:
 
 then every member finishes. Invariants, checked after every fault and at the end:
 
-  one-commit     every rank of a generation that resumed resumed the same step (a
-                 set is never mixed; in leader mode every rank resumes rank 0's commit)
+  one-commit     every rank of a generation that resumed resumed a save of one
+                 generation (its SPOTVISOR_GANG_SET_ID: a set is never mixed); in
+                 leader mode every rank resumes rank 0's commit
   no-rollback    a generation never resumes an older step than the one before it
   live-kept      nothing a manifest names is deleted while the run is live (gc)
   aside-kept     nothing set aside on a disk (.spotvisor-unverified/) is ever lost
@@ -228,9 +229,13 @@ class Run:
         self.say(f"generation {gens}: steps {steps}, by {[e['ckpt_by'] for e in envs.values()]}")
         if len(gens) != 1:
             self.violate("one-commit", f"members in different generations: {gens}")
-        resumed = {s for s in steps.values() if s > 0}
-        if len(resumed) > 1:
-            self.violate("one-commit", f"ranks resumed from different saves: {steps}")
+        # What each rank resumed was saved in one generation: the set its
+        # save was tagged with (SPOTVISOR_GANG_SET_ID, unique across etcds).
+        # Steps may differ: a rank new to a grown gang started from scratch.
+        sets = {e["ckpt_set"] for e in envs.values() if e["start_step"] > 0}
+        if len(sets) > 1:
+            self.violate("one-commit", f"ranks resumed saves of different sets: "
+                         f"{ {n: (e['start_step'], e['ckpt_set']) for n, e in envs.items()} }")
         if self.mode == "leader" and len(set(steps.values())) > 1:
             self.violate("one-commit", f"leader mode: not every rank resumed rank 0's commit: {steps}")
         top = max(steps.values())
@@ -341,7 +346,7 @@ class Run:
             elif r.returncode == 0 and os.path.exists(os.path.join(target, "model")):
                 with open(os.path.join(target, "model")) as f:
                     words = f.read().split()
-                if len(words) != 4 or words[0] != "step":
+                if len(words) != 6 or words[0] != "step" or words[4] != "set":
                     self.violate("pull-whole", f"the pulled model file is not a whole save: {words}")
 
     # ----------------------------------------------------------------- run
