@@ -18,11 +18,13 @@ a second VM that restores the commit and resumes as the framework's own
   exit     seconds from the preemption to spotvisor's exit (the final sync included)
   broken   resumes that found a torn or mixed checkpoint (must be 0)
 
-Where the real libraries are importable, say so: this script does not drive
-them (they are not on this project's machines; see docs/checkpoints.md).
+With `--trainer tests/gpu/real_trainers.py` (and `--python` an interpreter
+that has them) it drives the real transformers.Trainer and Lightning instead,
+on CUDA where there is one: the lent GPU machine's check, tests/gpu/README.md.
 
 usage: preempt_cost.py [--runs 10] [--save-every 20] [--step-time 0.05] [--seed 1]
                        [--frameworks hf lightning ...] [--spotvisor BIN]
+                       [--trainer PATH] [--python PYTHON]
 """
 import argparse
 import json
@@ -60,7 +62,7 @@ def boot(args, srv, work, name, framework, extra, ckpt):
     cmd = [args.spotvisor, "run", "--set", f"bucket=file://{work}/bucket", "--set", "run-id=run",
            "--set", f"checkpoint-dir={ckpt}", "--set", f"state-dir={ckpt}.state", "--set", "sync-interval=0",
            "--set", "sync-settle=2s", "--set", "stop-timeout=20s", "--set", "log-format=json", "--",
-           PYTHON, STANDINS, "--framework", framework, "--log", log, "--size", str(args.size),
+           args.python, args.trainer, "--framework", framework, "--log", log, "--size", str(args.size),
            "--step-time", str(args.step_time), "--save-every", str(args.save_every)] + extra
     env = dict(os.environ, GCE_METADATA_HOST=f"127.0.0.1:{srv.port}")
     out = open(os.path.join(work, f"{name}.spotvisor.log"), "wb")
@@ -112,12 +114,19 @@ def main():
     ap.add_argument("--json", action="store_true", help="one JSON object per framework and mode too")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
     ap.add_argument("--spotvisor", default=B.DEFAULT_SPOTVISOR)
+    ap.add_argument("--trainer", default=STANDINS, help="the trainers' script (default: the stand-ins)")
+    ap.add_argument("--python", default=PYTHON, help="the interpreter that runs it")
     args = ap.parse_args()
     if not os.access(args.spotvisor, os.X_OK):
         sys.exit(f"preempt_cost: {args.spotvisor} is missing; build it first")
+    real = os.path.abspath(args.trainer) != os.path.abspath(STANDINS)
     for lib in ("transformers", "lightning"):
-        found = subprocess.run([PYTHON, "-c", f"import {lib}"], capture_output=True).returncode == 0
-        print(f"# {lib}: {'installed (not driven here: the stand-in is)' if found else 'not installed: its stand-in'}")
+        found = subprocess.run([args.python, "-c", f"import {lib}; print({lib}.__version__)"], capture_output=True, text=True)
+        version = found.stdout.strip() if found.returncode == 0 else None
+        print(f"# {lib}: " + (f"{version}, driven" if real and version else
+                              f"{version} installed (not driven here: the stand-in is)" if version else
+                              "not installed" + ("" if real else ": its stand-in")))
+    print(f"# trainer: {args.trainer} ({args.python})")
     print(f"# {B.machine()}; spotvisor {args.spotvisor}; {args.runs} run(s) each, save every {args.save_every} "
           f"steps of {args.step_time}s, biggest file {args.size >> 10} KiB, seed {args.seed}")
     print(f"{'framework':<10} {'helper':<6} {'runs':>4} {'lost mean':>9} {'lost max':>8} {'stall s':>8} "
