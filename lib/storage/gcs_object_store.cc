@@ -606,6 +606,16 @@ class GcsObjectStore final : public ObjectStore {
           if (resp->status == 200) {
             return UnavailableError(fmt::format("downloading {}: the server ignored the byte range", Url(name)));
           }
+          if (resp->status == 404) {
+            std::int64_t pinned = 0;
+            std::optional<std::uint32_t> crc;
+            {
+              std::lock_guard lk(mu);
+              pinned = generation;
+              crc = whole_crc;
+            }
+            if (pinned != 0) return Repin(name, pinned, size, crc, generation, mu, ctx);
+          }
           return HttpError(*resp, "downloading " + Url(name), BucketUrl());
         }
         auto total = ParseContentRangeTotal(resp->Header("content-range"));
@@ -638,6 +648,36 @@ class GcsObjectStore final : public ObjectStore {
     }
     if (fsync(f.fd) != 0) return ErrnoToStatus(errno, "flushing " + path);
     return ObjectInfo{name, generation, size, crc};
+  }
+
+  // A pinned generation is gone mid-download: the object was written again
+  // (a rewrite, a storage-class change, a copy over itself). With the same
+  // bytes (size and crc32c) the ranges already here stay good: the live
+  // generation is pinned instead and the range asked again (Unavailable, so
+  // the retry policy repeats it). Else it was replaced: said so, never mixed.
+  Status Repin(const std::string& name, std::int64_t pinned, std::uint64_t size, std::optional<std::uint32_t> crc,
+               std::int64_t& generation, std::mutex& mu, const CallContext& ctx) {
+    // Its generation from the live object: only the same bytes are pinned again.
+    auto r = Perform(Request("GET", ObjectUrl(name)), ctx);
+    if (!r.ok()) return r.status();
+    if (r->status == 404) {
+      return FailedPreconditionError(fmt::format(
+          "downloading {}: the object was deleted during the restore (generation {} is gone)", Url(name), pinned));
+    }
+    if (r->status != 200) return HttpError(*r, "looking up " + Url(name), BucketUrl());
+    auto live = ParseObject(r->body, o_.prefix);
+    if (!live.ok()) return live.status();
+    if (live->size != size || !crc || live->crc32c != *crc) {
+      return FailedPreconditionError(fmt::format(
+          "downloading {}: the object was replaced during the restore (generation {} is now {}, with other bytes: "
+          "{} bytes, crc32c {}): not mixing the two",
+          Url(name), pinned, live->generation, live->size, Crc32cToBase64(live->crc32c)));
+    }
+    std::lock_guard lk(mu);
+    if (generation == pinned) generation = live->generation;
+    return UnavailableError(fmt::format("downloading {}: generation {} was rewritten as {} with the same bytes: "
+                                        "asking the range again from it",
+                                        Url(name), pinned, live->generation));
   }
 
   // "Range: bytes=0-N": N+1 bytes persisted; no Range: none. A malformed

@@ -347,6 +347,7 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
       auto crc = FileCrc32c(target);
       have = crc.ok() && *crc == e.crc;
     }
+    std::int64_t generation = e.generation;
     if (!have) {
       auto tmp = fmt::format("{}{}{}", target, kRestoreTmp, getpid());
       auto got = store_->DownloadToFile(e.object, tmp, e.size, ctx);
@@ -354,6 +355,9 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
         unlink(tmp.c_str());
         return Status(got.status().code(), fmt::format("restoring {}: {}", Escaped(e.path), got.status().message()));
       }
+      // The object rewritten with the same bytes during the restore is read
+      // at its new generation (the store re-pins it): later preconditions name that one.
+      if (got->generation != 0) generation = got->generation;
       if (got->size != e.size || got->crc32c != e.crc) {
         unlink(tmp.c_str());
         return FailedPreconditionError(fmt::format("restoring {}: object {} does not match the manifest (size {} vs {}, crc32c {} vs {})",
@@ -381,7 +385,7 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
     if (e.mtime_ns > 0) SetMtime(target, e.mtime_ns);
     if (lstat(target.c_str(), &st) != 0) return ErrnoToStatus(errno, Escaped(target));
     std::lock_guard slk(stats_mu);
-    restored[e.path] = Uploaded{e.size, Ns(st.st_mtim), e.crc, e.object, e.generation};
+    restored[e.path] = Uploaded{e.size, Ns(st.st_mtim), e.crc, e.object, generation};
     return OkStatus();
   });
   };

@@ -406,6 +406,40 @@ class GcsSyncTest(FileSyncTest):
                                 (f"bytes={2 * mib16}-{len(big) - 1}", True)])
         self.assertEqual(len(gets), 4)  # the three, and the one that was cut
 
+    def _restore_while_rewritten(self, replacement):
+        """Issue #31: the object gets a new generation while its later ranges are held."""
+        os.makedirs(self.path("ckpt"))
+        big = os.urandom(40 * 1024 * 1024 + 12345)
+        with open(self.path("ckpt/big.bin"), "wb") as f:
+            f.write(big)
+        p = self.vm(["--run-for", "10"], **{"sync-parallel-min-size": "0"})
+        self.assertEqual(p.wait_exit(), 0)
+        self.gcs.delete_object(self.BUCKET, self.PREFIX + "DONE")
+        obj = self.manifest()["files"][0]["object"]
+        self.gcs.reset_log()
+        self.gcs.fault("slow", delay_ms=1500, kind="download", object_prefix=self.PREFIX + "checkpoints/big")
+        p2 = self.vm(["--run-for", "10"], ckpt="ckpt2", **{"sync-parallel-min-size": "20M"})
+        wait_until(lambda: any(e["kind"] == "download" and e["status"] == 206 for e in self.gcs.log()),
+                   what="the first range, which pins the generation")
+        self.put_object(obj, replacement(big))  # a rewrite: a new generation
+        return p2, big
+
+    def test_an_object_rewritten_with_the_same_bytes_mid_restore_is_read_at_its_new_generation(self):
+        # A storage-class change or a rewrite gives the object a new generation
+        # with the same bytes: the restore failed "not found" (exit 74).
+        p2, big = self._restore_while_rewritten(lambda b: b)
+        self.assertEqual(p2.wait_exit(), 0, "".join(p2.raw[-20:]))
+        with open(self.path("ckpt2/big.bin"), "rb") as f:
+            self.assertEqual(f.read(), big)
+        statuses = [e["status"] for e in self.gcs.log() if e["kind"] == "download"]
+        self.assertIn(404, statuses, "a range asked for the old generation")
+
+    def test_an_object_replaced_with_other_bytes_mid_restore_fails_the_restore_saying_so(self):
+        p2, _ = self._restore_while_rewritten(lambda b: os.urandom(len(b)))
+        self.assertEqual(p2.wait_exit(), 74)
+        self.assertIn("was replaced during the restore", p2.wait_event("restore.failed")["message"])
+        self.assertFalse(os.path.exists(self.path("ckpt2/big.bin")), "nothing of it is left as the file")
+
     def test_an_object_whose_size_is_not_the_manifests_fails_the_restore_loudly(self):
         os.makedirs(self.path("ckpt"))
         with open(self.path("ckpt/big.bin"), "wb") as f:
