@@ -84,6 +84,7 @@ StatusOr<MetadataSnapshot> FetchOnce(MetadataClient& client) {
     }
   }
   if (auto p = client.Get("instance/scheduling/preemptible"); p.ok()) m.preemptible = p->value;
+  if (auto p = client.Get("instance/scheduling/provisioning-model"); p.ok()) m.provisioning_model = std::string(Trim(p->value));
   if (auto p = client.Get("instance/scheduling/on-host-maintenance"); p.ok()) m.on_host_maintenance = std::string(Trim(p->value));
   if (auto s = client.GetAttributes("instance/scheduling/"); s.ok()) m.scheduling = *std::move(s);
   if (auto p = client.Get("project/project-id"); p.ok()) m.project_id = p->value;
@@ -734,13 +735,20 @@ int RunEngine(const EngineOptions& options) {
   if (!result.config) return EndWithConfigError(result, options.mode, logger);
   Config config = *result.config;
   // Legacy preemptible VMs are always stopped after 24 h; a run that hits
-  // that wall gets no graceful stop unless max-runtime comes first.
-  if (metadata.preemptible == "TRUE" && (config.max_runtime.count() == 0 || config.max_runtime >= std::chrono::hours(24))) {
-    // Spot VMs report scheduling/preemptible=TRUE as well, and the metadata
-    // server does not say which model this is: hence "if".
+  // that wall gets no graceful stop unless max-runtime comes first. Spot VMs
+  // report scheduling/preemptible=TRUE as well, but provisioning-model SPOT:
+  // no limit, no warning (issue #32: every Spot run was warned).
+  if (metadata.preemptible == "TRUE" && metadata.provisioning_model != "SPOT" &&
+      (config.max_runtime.count() == 0 || config.max_runtime >= std::chrono::hours(24))) {
     logger.Warn("config.warning",
-                "this VM is preemptible: if it is a legacy preemptible VM (not Spot), GCE stops it after 24h; set "
-                "spotvisor-max-runtime (e.g. 23h30m) so the trainer is stopped and its checkpoint synced before that");
+                metadata.provisioning_model.empty()
+                    ? "this VM is preemptible and the metadata server does not say whether it is Spot: if it is a "
+                      "legacy preemptible VM, GCE stops it after 24h; set spotvisor-max-runtime (e.g. 23h30m) so the "
+                      "trainer is stopped and its checkpoint synced before that"
+                    : fmt::format("this is a legacy preemptible VM (provisioning model {}, not SPOT): GCE stops it "
+                                  "after 24h; set spotvisor-max-runtime (e.g. 23h30m) so the trainer is stopped and its "
+                                  "checkpoint synced before that, or use a Spot VM (--provisioning-model=SPOT)",
+                                  output::EscapeInvalidUtf8(metadata.provisioning_model.substr(0, 40))));
   }
   for (auto const& [k, v] : config.log_labels) logger.SetLabel(k, v);
   WarnAboutGceLimits(metadata, config, clock, logger);

@@ -34,7 +34,8 @@ struct MetadataSnapshot {
   std::map<std::string, std::string> instance_attributes, project_attributes;
   std::string instance_name;
   MetadataValue preempted, maintenance;
-  std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on legacy preemptible VMs
+  std::string preemptible;  // instance/scheduling/preemptible: "TRUE" on Spot and legacy preemptible VMs
+  std::string provisioning_model;  // instance/scheduling/provisioning-model: SPOT, STANDARD, ... ("" not said)
   std::string on_host_maintenance;  // instance/scheduling/on-host-maintenance: TERMINATE or MIGRATE ("" unknown)
   std::map<std::string, std::string> scheduling;  // instance/scheduling/?recursive=true (GCE's own limits, if given)
   std::string project_id, zone;  // zone: the last segment of instance/zone

@@ -120,6 +120,7 @@ def default_tree(instance_name="spotvisor-test", attrs=None,
             "maintenance-event": "NONE",
             "scheduling": {
                 "preemptible": "TRUE",
+                "provisioning-model": "SPOT",
                 "on-host-maintenance": "TERMINATE",
                 "automatic-restart": "FALSE",
             },

@@ -148,7 +148,8 @@ class ProtocolTests(FakeTestCase):
         self.assertEqual(r.status, 200)
         self.assertEqual(r.text.splitlines(), ["automatic-restart",
                                                "on-host-maintenance",
-                                               "preemptible"])
+                                               "preemptible",
+                                               "provisioning-model"])
         lines = self.request("instance/").text.splitlines()
         for name in ("attributes/", "preempted", "maintenance-event",
                      "scheduling/", "service-accounts/", "zone"):

@@ -68,9 +68,12 @@ class PolicyTest(SpotvisorTestCase):
 
     def test_a_legacy_preemptible_vm_without_max_runtime_gets_a_warning(self):
         self.metadata.set("instance/scheduling/preemptible", "TRUE")
+        self.metadata.set("instance/scheduling/provisioning-model", "STANDARD")
         p = self.run_trainer(["--run-for", "10"])
         p.wait_exit()
-        self.assertTrue([w for w in p.find("config.warning") if "max-runtime" in w["message"]])
+        warned = [w for w in p.find("config.warning") if "max-runtime" in w["message"]]
+        self.assertTrue(warned)
+        self.assertIn("legacy preemptible VM (provisioning model STANDARD", warned[0]["message"])
         p2 = self.run_trainer(["--run-for", "10"], sets={"max-runtime": "23h30m"})
         p2.wait_exit()
         self.assertFalse([w for w in p2.find("config.warning") if "max-runtime" in w["message"]])
@@ -78,6 +81,15 @@ class PolicyTest(SpotvisorTestCase):
         p3 = self.run_trainer(["--run-for", "10"])
         p3.wait_exit()
         self.assertFalse([w for w in p3.find("config.warning") if "max-runtime" in w["message"]])
+
+    def test_a_spot_vm_is_not_warned_about_the_24h_limit_of_legacy_preemptible_vms(self):
+        # Issue #32: Spot VMs report scheduling/preemptible=TRUE too, and every
+        # Spot run began with a warning that did not apply to it.
+        self.metadata.set("instance/scheduling/preemptible", "TRUE")
+        self.metadata.set("instance/scheduling/provisioning-model", "SPOT")
+        p = self.run_trainer(["--run-for", "10"])
+        p.wait_exit()
+        self.assertFalse([w for w in p.find("config.warning") if "24h" in w["message"]])
 
 
 
