@@ -997,8 +997,10 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   if (skippable) {
     sync_in_flight_ = true;
     periodic_cancel_ = ctx.cancel;
+    superseded_by_.clear();
   } else if (periodic_cancel_ && (final || kind == "preemption" || kind == "maintenance")) {
     periodic_cancel_->Cancel();
+    superseded_by_ = kind;
   }
   if (final_sync) {
     // A little before the phase's own deadline, so the sync reports what
@@ -1185,6 +1187,17 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
                           {"files_deferred", r->files_deferred}, {"attempts", r->attempts}}});
     last_sync_ = {{"kind", kind}, {"ok", true}, {"deferred", true}, {"sequence", r->sequence},
                   {"reason", r->deferred_reason}, {"time", FormatRfc3339(clock_.WallNow())}};
+  } else if (!final && r.status().code() == StatusCode::kCancelled) {
+    // spotvisor cut it short itself: not a failure (issue #32: a periodic
+    // sync cancelled by a preemption was an ERROR). What it uploaded is
+    // reused by the sync that took over.
+    logger_.Info("sync.superseded",
+                 superseded_by_.empty()
+                     ? fmt::format("{} sync cut short: spotvisor is stopping", kind)
+                     : fmt::format("{} sync cut short: the {} sync takes over (what it uploaded is reused)", kind,
+                                   superseded_by_),
+                 {{"kind", kind}, {"by", superseded_by_}});
+    last_sync_ = {{"kind", kind}, {"ok", false}, {"superseded", true}, {"time", FormatRfc3339(clock_.WallNow())}};
   } else {
     auto fenced = options_.sync->Fenced();
     if (!fenced.empty() && !fence_logged_) {

@@ -481,6 +481,25 @@ class GcsSyncTest(FileSyncTest):
                                 capture_output=True, text=True).stdout
         self.assertNotIn("transfer", json.loads(status))
 
+    def test_a_periodic_sync_cut_short_by_a_preemption_is_not_a_failure(self):
+        # Issue #32: it was ERROR sync.failed ("syncing: cancelled"), which an
+        # alert on sync.failed turns into a page at every preemption.
+        os.makedirs(self.path("ckpt"))
+        p = self.vm(["--marker-file", self.path("marker")], **{"sync-parallel-min-size": "0", "sync-interval": "1s"})
+        p.wait_trainer_ready()
+        self.gcs.fault("slow", delay_ms=3000, upload_type="chunk")
+        with open(self.path("ckpt/model"), "wb") as f:
+            f.write(os.urandom(40 * 1024 * 1024))
+        p.wait_event("sync.progress", kind="periodic", timeout=30)
+        self.wait_parked()
+        self.metadata.set("instance/preempted", "TRUE")
+        p.wait_exit(timeout=60)
+        superseded = p.wait_event("sync.superseded")
+        self.assertEqual(superseded["kind"], "periodic")
+        self.assertIn(superseded["by"], ("final", "preemption"), "the sync that took over")
+        self.assertEqual(superseded["severity"], "INFO")
+        self.assertFalse(p.find("sync.failed"), "cut short by spotvisor itself is not a failure")
+
     def test_transient_faults_on_every_request_type_are_retried(self):
         os.makedirs(self.path("ckpt"))
         with open(self.path("ckpt/small"), "w") as f:
