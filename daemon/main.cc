@@ -21,6 +21,7 @@
 #include "common/strings.h"
 #include "config/config_file.h"
 #include "config/keys.h"
+#include "output/utf8.h"
 #include "sync/sync_engine.h"
 
 namespace {
@@ -38,7 +39,7 @@ const char* const kUsage =
     "  spotvisor daemon [--config FILE]      run as the systemd service\n"
     "  spotvisor run [--config FILE] [--set KEY=VALUE]... [-- COMMAND ARGS...]\n"
     "                                        run a job in the foreground\n"
-    "  spotvisor config [--config FILE] [--set KEY=VALUE]... [--json]\n"
+    "  spotvisor config [--config FILE] [--set KEY=VALUE]... [--json] [-- COMMAND ARGS...]\n"
     "                                        show the resolved configuration\n"
     "  spotvisor config --template [--set KEY=VALUE]...\n"
     "                                        print a config file with every key\n"
@@ -101,10 +102,11 @@ const std::map<std::string, std::string> kHelp = {
      "\n"
      "Example: spotvisor run --set stop-timeout=60s -- python train.py --epochs 10\n"},
     {"config",
-     "Usage: spotvisor config [--config FILE] [--set KEY=VALUE]... [--json]\n"
+     "Usage: spotvisor config [--config FILE] [--set KEY=VALUE]... [--json] [-- COMMAND ARGS...]\n"
      "\n"
      "Prints every key with its resolved value and where it came from (default, the file and\n"
-     "line, project metadata, instance metadata, command line). Problems go to stderr; the exit\n"
+     "line, project metadata, instance metadata, command line), with the command as `spotvisor run`\n"
+     "would take it (after --, as it would be given there). Problems go to stderr; the exit\n"
      "status is 78 if anything is invalid, else 0.\n"
      "\n"
      "Usage: spotvisor config --template [--set KEY=VALUE]...\n"
@@ -228,6 +230,14 @@ int Usage(const std::string& problem) {
   return kExitUsage;
 }
 
+// A mistake in one command's arguments: the problem and where the help is,
+// not the whole usage (issue #32).
+int CommandUsage(const std::string& command, const std::string& problem) {
+  std::fprintf(stderr, "spotvisor %s: %s\n(`spotvisor %s --help` lists its options)\n", command.c_str(), problem.c_str(),
+               command.c_str());
+  return kExitUsage;
+}
+
 // Returns -1 to go on, else an exit code.
 int Parse(int argc, char** argv, Args& a) {
   if (argc < 2) return Usage("missing command");
@@ -247,7 +257,7 @@ int Parse(int argc, char** argv, Args& a) {
     static const std::map<std::string, std::vector<std::string>> kFlags = {
         {"daemon", {"--config"}},
         {"run", {"--config", "--set", "--"}},
-        {"config", {"--config", "--set", "--json", "--template"}},
+        {"config", {"--config", "--set", "--json", "--template", "--"}},
         {"status", {"--config", "--state-dir", "--json"}},
         {"sync", {"--config", "--state-dir", "--timeout"}},
         {"release", {"--config", "--state-dir"}},
@@ -274,7 +284,17 @@ int Parse(int argc, char** argv, Args& a) {
     std::string value;
     auto eq = arg.find('=');
     std::string flag = (arg.rfind("--", 0) == 0 && eq != std::string::npos) ? arg.substr(0, eq) : arg;
-    if (!allowed(flag)) return Usage("spotvisor " + a.command + ": unknown option \"" + arg + "\"");
+    if (!allowed(flag)) {
+      if ((a.command == "run" || a.command == "config") && arg.rfind("-", 0) != 0) {
+        // `spotvisor run python3 train.py`: the command goes after --.
+        std::string rest;
+        for (int j = i; j < argc && j < i + 6; ++j) rest += std::string(" ") + spotvisor::output::EscapeInvalidUtf8(argv[j]);
+        if (argc > i + 6) rest += " ...";
+        return CommandUsage(a.command, "\"" + spotvisor::output::EscapeInvalidUtf8(arg) + "\" is not an option: the trainer's command goes "
+                                       "after --, as in: spotvisor " + a.command + " --" + rest);
+      }
+      return CommandUsage(a.command, "unknown option \"" + spotvisor::output::EscapeInvalidUtf8(arg) + "\"");
+    }
     if (flag == "--") {
       for (++i; i < argc; ++i) a.engine.command.push_back(argv[i]);
       if (a.engine.command.empty()) return Usage("nothing after --");

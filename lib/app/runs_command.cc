@@ -1,15 +1,19 @@
 #include "app/runs_command.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/strings.h"
 #include "log/logger.h"
 #include "metadata/metadata_client.h"
 #include "output/utf8.h"
@@ -27,6 +31,14 @@
 
 namespace spotvisor {
 namespace {
+
+// "2026-11-28T12:00:00.123456789Z" as "2026-11-28T12:00:00Z": a table a
+// person reads needs no nanoseconds (--json keeps them).
+std::string ToSeconds(const std::string& t) {
+  auto dot = t.find('.');
+  if (dot == std::string::npos || t.find('T') > dot || t.empty() || t.back() != 'Z') return t;
+  return t.substr(0, dot) + "Z";
+}
 
 using Json = nlohmann::json;
 constexpr int kExitUsage = 64;
@@ -116,6 +128,7 @@ struct RunRow {
   std::int64_t sequence = 0;
   std::string committed_at, instance, since;
   int files = 0;
+  std::uint64_t checkpoint_bytes = 0;  // the newest commit's files: what `pull` brings back
   std::uint64_t objects_bytes = 0;
   int objects = 0;
   std::vector<ObjectInfo> object_list;  // every object under RUN_ID/
@@ -152,7 +165,15 @@ std::optional<int> Int(const Json& j, const char* k) {
 
 // Every run under the store's root: a first-level directory holding a
 // manifest, DONE or status.json (anything else there is not a run).
-StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string& url) {
+// `deeper`: prefixes one level down that hold runs (PREFIX/X/RUN_ID/...),
+// with how many, for a listing that found none at its own level.
+bool IsRunObject(const std::string& rest) {
+  return rest == kManifestObject || rest == kDoneObject || rest == kRunStatus || rest.rfind(kClaimsDir, 0) == 0 ||
+         rest.rfind(kBootsDir, 0) == 0;
+}
+
+StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string& url,
+                                          std::map<std::string, std::set<std::string>>* deeper = nullptr) {
   auto listed = store.List("", Background());
   if (!listed.ok()) return Status(listed.status().code(), "listing " + url + ": " + listed.status().message());
   std::map<std::string, RunRow> runs;
@@ -162,15 +183,18 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
     if (slash == std::string::npos || slash == 0) continue;
     auto id = obj.name.substr(0, slash);
     auto rest = obj.name.substr(slash + 1);
+    if (deeper) {
+      auto second = rest.find('/');
+      if (second != std::string::npos && second > 0 && IsRunObject(rest.substr(second + 1))) {
+        (*deeper)[id].insert(rest.substr(0, second));
+      }
+    }
     auto& r = runs[id];
     r.run_id = id;
     r.objects += 1;
     r.objects_bytes += obj.size;
     r.object_list.push_back(obj);
-    if (rest == kManifestObject || rest == kDoneObject || rest == kRunStatus || rest.rfind(kClaimsDir, 0) == 0 ||
-        rest.rfind(kBootsDir, 0) == 0) {
-      is_run[id] = true;
-    }
+    if (IsRunObject(rest)) is_run[id] = true;
   }
   std::vector<RunRow> rows;
   for (auto& [id, r] : runs) {
@@ -183,6 +207,7 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
         r.committed_at = parsed->committed_at;
         r.instance = parsed->instance;
         r.files = static_cast<int>(parsed->files.size());
+        for (auto const& f : parsed->files) r.checkpoint_bytes += f.size;
       } else {
         r.problem = parsed.status().message();
       }
@@ -217,7 +242,16 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
   int rc = 0;
   auto store = OpenFor("runs", url, o, rc);
   if (!store) return rc;
-  auto collected = CollectRuns(*store, url);
+  if (StartsWith(url, "file://")) {
+    struct stat st {};
+    auto dir = url.substr(7);
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr, "spotvisor runs: %s: no such directory\n", Shown(url).c_str());
+      return 1;
+    }
+  }
+  std::map<std::string, std::set<std::string>> deeper;
+  auto collected = CollectRuns(*store, url, &deeper);
   if (!collected.ok()) {
     std::fprintf(stderr, "spotvisor runs: %s\n", collected.status().message().c_str());
     return 1;
@@ -227,7 +261,7 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     Json out = Json::array();
     for (auto const& r : rows) {
       Json j = {{"run_id", r.run_id}, {"state", r.state}, {"sequence", r.sequence}, {"files", r.files},
-                {"bytes", r.objects_bytes}, {"objects", r.objects}};
+                {"checkpoint_bytes", r.checkpoint_bytes}, {"bytes", r.objects_bytes}, {"objects", r.objects}};
       j["committed_at"] = r.committed_at.empty() ? Json(nullptr) : Json(r.committed_at);
       j["instance"] = r.instance.empty() ? Json(nullptr) : Json(r.instance);
       j["exit_code"] = r.exit_code ? Json(*r.exit_code) : Json(nullptr);
@@ -260,15 +294,20 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     return 0;
   }
   if (rows.empty()) {
-    std::printf("no runs under %s\n", url.c_str());
+    std::printf("no runs under %s\n", Shown(url).c_str());
+    // gs://bucket given for gs://bucket/PREFIX: say where the runs are.
+    for (auto const& [sub, ids] : deeper) {
+      std::printf("  %zu run(s) one level down: spotvisor runs %s/%s\n", ids.size(), Shown(url).c_str(), Shown(sub).c_str());
+    }
     return 0;
   }
   std::vector<std::vector<std::string>> table = {
-      {"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "SIZE", "INSTANCE", "BOOTS"}};
+      {"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "CHECKPOINT", "INSTANCE", "BOOTS"}};
   for (auto const& r : rows) {
     table.push_back({Shown(r.run_id), r.state, r.exit_code ? std::to_string(*r.exit_code) : "-",
-                     r.sequence > 0 ? fmt::format("#{}", r.sequence) : "-", r.committed_at.empty() ? "-" : Shown(r.committed_at),
-                     FormatBytes(r.objects_bytes), r.instance.empty() ? "-" : Shown(r.instance),
+                     r.sequence > 0 ? fmt::format("#{}", r.sequence) : "-",
+                     r.committed_at.empty() ? "-" : Shown(ToSeconds(r.committed_at)),
+                     r.sequence > 0 ? FormatBytes(r.checkpoint_bytes) : "-", r.instance.empty() ? "-" : Shown(r.instance),
                      r.boots.boots.empty() ? "-" : std::to_string(r.boots.boots.size())});
   }
   std::vector<std::size_t> width(table[0].size(), 0);

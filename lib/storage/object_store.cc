@@ -23,8 +23,16 @@ StatusOr<StoreLocation> ParseStoreLocation(const std::string& url) {
       ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (c == '_' && !s3) || c == '.');
     }
     if (!ok) return InvalidArgumentError(fmt::format("\"{}\" is not a valid bucket name", loc.bucket));
-    if (loc.prefix.find("//") != std::string::npos) {
-      return InvalidArgumentError(fmt::format("\"{}\": empty path segment in the prefix", url));
+    // gs://bucket//x named objects "/x/..." (issue #32): every segment of
+    // the prefix is a name.
+    if (!loc.prefix.empty()) {
+      for (auto const& seg : SplitOn(loc.prefix, '/')) {
+        if (seg.empty() || seg == "." || seg == "..") {
+          return InvalidArgumentError(fmt::format(
+              "\"{}\": the prefix \"{}\" has an empty, \".\" or \"..\" segment (write {}://{}/A/B)", url, loc.prefix,
+              loc.scheme, loc.bucket));
+        }
+      }
     }
     return loc;
   }

@@ -84,5 +84,16 @@ TEST_CASE("s3:// locations parse like gs:// ones, with S3's bucket-name rules", 
   CHECK(ParseStoreLocation("s3://ab").status().message().find("s3://BUCKET") == std::string::npos);
 }
 
+TEST_CASE("a prefix with an empty, . or .. segment is refused, naming the right form", "[s3]") {
+  for (auto bad : {"gs://bucket//x", "gs://bucket/a//b", "s3://bucket/./x", "gs://bucket/a/../b"}) {
+    INFO(bad);
+    auto loc = ParseStoreLocation(bad);
+    REQUIRE_FALSE(loc.ok());
+    CHECK(loc.status().message().find("segment") != std::string::npos);
+  }
+  CHECK(ParseStoreLocation("gs://bucket//x").status().message().find("gs://bucket/A/B") != std::string::npos);
+  CHECK(ParseStoreLocation("gs://bucket/a/b/").value().prefix == "a/b");
+}
+
 }  // namespace
 }  // namespace spotvisor

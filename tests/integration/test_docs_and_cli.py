@@ -56,6 +56,29 @@ class CliTest(unittest.TestCase):
         self.assertEqual(run("run", "--set", "novalue").returncode, 64)
         self.assertEqual(run("run", "--").returncode, 64)
 
+    def test_a_command_without_its_dashes_gets_one_line_that_shows_the_right_form(self):
+        # Issue #32: 32 lines of usage for `spotvisor run python3 train.py`.
+        out = run("run", "python3", "train.py", "--lr", "3")
+        self.assertEqual(out.returncode, 64)
+        self.assertIn('"python3" is not an option', out.stderr)
+        self.assertIn("spotvisor run -- python3 train.py --lr 3", out.stderr)
+        self.assertLessEqual(len(out.stderr.splitlines()), 3, out.stderr)
+        out = run("status", "--bogus")
+        self.assertEqual(out.returncode, 64)
+        self.assertIn('unknown option "--bogus"', out.stderr)
+        self.assertIn("spotvisor status --help", out.stderr)
+
+    def test_config_takes_the_command_after_dashes_as_documented(self):
+        import sys
+        sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
+        from fake_metadata import FakeMetadataServer
+        srv = FakeMetadataServer().start()
+        self.addCleanup(srv.stop)
+        out = run("config", "--json", "--", "python3", "train.py", env=dict(os.environ, GCE_METADATA_HOST=f"127.0.0.1:{srv.port}"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        command = json.loads(out.stdout)["keys"]["command"]
+        self.assertEqual((json.loads(command["value"]), command["origin"]), (["python3", "train.py"], "command line (after --)"))
+
     def test_version(self):
         out = run("version")
         self.assertRegex(out.stdout, r"^spotvisor \d+\.\d+\.\d+\n$")

@@ -58,8 +58,9 @@ class LaptopCommandsTest(SpotvisorTestCase):
         out = self.cli("runs", f"gs://{self.BUCKET}/exp")
         self.assertEqual(out.returncode, 0, out.stderr)
         lines = out.stdout.splitlines()
-        self.assertRegex(lines[0], r"^RUN_ID\s+STATE\s+EXIT\s+COMMIT\s+COMMITTED_AT\s+SIZE\s+INSTANCE\s+BOOTS$")
-        self.assertRegex(lines[1], r"^run1\s+done\s+0\s+#\d+\s+\S+Z\s+\S+ \S+\s+spotvisor-test\s+1$")
+        self.assertRegex(lines[0], r"^RUN_ID\s+STATE\s+EXIT\s+COMMIT\s+COMMITTED_AT\s+CHECKPOINT\s+INSTANCE\s+BOOTS$")
+        # Seconds, not nanoseconds (issue #32); CHECKPOINT: the commit's files, not spotvisor's own objects.
+        self.assertRegex(lines[1], r"^run1\s+done\s+0\s+#\d+\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+\S+ \S+\s+spotvisor-test\s+1$")
         self.assertRegex(lines[2], r"^run2\s+preempted\s+130\s+#\d+\s+\S+Z")
         js = self.cli("runs", "--json", f"gs://{self.BUCKET}/exp")
         runs = {r["run_id"]: r for r in json.loads(js.stdout)}
@@ -83,6 +84,16 @@ class LaptopCommandsTest(SpotvisorTestCase):
         self.assertEqual(status["reason"], "preempted")
         empty = self.cli("runs", f"gs://{self.BUCKET}/nothing-here")
         self.assertEqual((empty.returncode, empty.stdout.strip()), (0, f"no runs under gs://{self.BUCKET}/nothing-here"))
+        manifest1 = json.loads(self.gcs.get_object_bytes(self.BUCKET, "exp/run1/manifest.json"))
+        self.assertEqual(runs["run1"]["checkpoint_bytes"], sum(f["size"] for f in manifest1["files"]))
+        self.assertGreater(runs["run1"]["bytes"], runs["run1"]["checkpoint_bytes"], "bytes: every object of the run")
+        # The bucket without the prefix: where the runs are (issue #32).
+        top = self.cli("runs", f"gs://{self.BUCKET}")
+        self.assertEqual(top.returncode, 0, top.stderr)
+        self.assertIn(f"2 run(s) one level down: spotvisor runs gs://{self.BUCKET}/exp", top.stdout)
+        missing = self.cli("runs", "file:///nonexistent/spotvisor-runs")
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("no such directory", missing.stderr)
 
     def test_pull_brings_the_newest_commit_back_under_the_trainers_names_and_resumes(self):
         self.two_runs()
