@@ -79,8 +79,21 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kSyncStalled: return "sync-stalled";
     case EndReason::kGangEnded: return "gang-ended";
     case EndReason::kGangFormFailed: return "gang-form-failed";
+    case EndReason::kSyncFailed: return "sync-failed";
   }
   return "?";
+}
+
+Severity EndSeverity(EndReason r) {
+  switch (r) {
+    case EndReason::kFailed:
+    case EndReason::kRestoreFailed:
+    case EndReason::kMountFailed:
+    case EndReason::kSyncFailed:
+    case EndReason::kSyncStalled: return Severity::kError;
+    case EndReason::kGangFormFailed: return Severity::kWarning;
+    default: return Severity::kNotice;
+  }
 }
 
 const char* StateName(State s) {
@@ -586,10 +599,14 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
 
     // The final sync.
     on(In(S::kSyncing, S::kSyncCancelled), synced,
-       "the run ends (a trainer that exited 0 but whose sync failed: exit 73)",
+       "the run ends (a trainer that exited 0 but whose sync failed: `sync-failed`, exit 73)",
        [](M& m, const SyncDone& e, SteadyTime now, Out& out) {
          if (!e.final) return;
-         if (!e.ok && *m.reason_ == EndReason::kCompleted) m.exit_code_ = kExitSyncFailed;
+         if (!e.ok && *m.reason_ == EndReason::kCompleted) {
+           // Issue #32: this said "completed" though the work never reached the bucket.
+           m.reason_ = EndReason::kSyncFailed;
+           m.exit_code_ = kExitSyncFailed;
+         }
          m.Finish(now, out);
        });
     on(In(S::kSyncing), signal,
@@ -602,12 +619,15 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
          m.Transition(S::kSyncCancelled, now, "the final sync was cancelled");
        });
     on(In(S::kSyncing, S::kSyncCancelled), deadline,
-       "`sync.timeout`: the run ends without it (a trainer that exited 0: exit 73)",
+       "`sync.timeout`: the run ends without it (a trainer that exited 0: `sync-failed`, exit 73)",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
          m.Log(Severity::kError, "sync.timeout",
                m.state_ == S::kSyncing ? "the final sync did not finish in time; finishing without it"
                                        : "the cancelled final sync did not return; finishing without it");
-         if (*m.reason_ == EndReason::kCompleted) m.exit_code_ = kExitSyncFailed;
+         if (*m.reason_ == EndReason::kCompleted) {
+           m.reason_ = EndReason::kSyncFailed;
+           m.exit_code_ = kExitSyncFailed;
+         }
          m.Finish(now, out);
        });
 
@@ -1304,7 +1324,7 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
   nlohmann::json f = {{"reason", EndReasonName(*reason_)}, {"exit_code", exit_code_},
                       {"duration_s", Seconds(now - started_)}};
   if (trainer_ran_) f["trainer_runtime_s"] = Seconds(now - trainer_started_);
-  Severity s = (*reason_ == EndReason::kFailed) ? Severity::kError : Severity::kNotice;
+  Severity s = EndSeverity(*reason_);
   Log(s, "run.end", fmt::format("run ended: {} (exit code {})", EndReasonName(*reason_), exit_code_), f);
   // Stopped by a signal means systemd or an operator is already stopping us
   // (the system may be shutting down): powering off on top would surprise an
@@ -1317,7 +1337,8 @@ void StateMachine::Finish(SteadyTime now, std::vector<Action>& out) {
     Teardown(now, out, false);
     return;
   }
-  bool failed = *reason_ == EndReason::kFailed || *reason_ == EndReason::kRestoreFailed || *reason_ == EndReason::kMountFailed;
+  bool failed = *reason_ == EndReason::kFailed || *reason_ == EndReason::kRestoreFailed ||
+                *reason_ == EndReason::kMountFailed || *reason_ == EndReason::kSyncFailed;
   if (failed && options_.on_failure_hold.count() > 0) {
     Log(Severity::kWarning, "run.hold",
         fmt::format("the run failed: holding the VM for {} before on-exit, for debugging (end it early with `spotvisor release`)",

@@ -76,7 +76,12 @@ Phase PhaseOf(State s);
 enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, kAlreadyDone, kRestoreFailed, kMaxRuntime, kIdle, kMountFailed, kSyncStalled,
                        kGangEnded,       // another member ended the gang's generation
                        kGangFormFailed,  // the gang did not form (refused, or not within gang-form-timeout)
+                       kSyncFailed,      // the trainer exited 0, but the final sync did not reach the bucket (exit 73)
 };
+// How loud a run.end is: ERROR where the run's work is at risk or lost
+// (failed, restore-failed, mount-failed, sync-failed, sync-stalled),
+// WARNING where the run could not start (gang-form-failed), else NOTICE.
+Severity EndSeverity(EndReason r);
 const char* EndReasonName(EndReason r);
 
 // Events.

@@ -363,6 +363,23 @@ TEST_CASE("a trainer that succeeded but whose final sync failed does not exit 0"
   Only<RunOnExit>(h.Advance(30s));
   CHECK(h.Logged("sync.timeout"));
   CHECK(h.machine.exit_code() == 73);
+  // Issue #32: not "completed" (NOTICE), and on-exit-failure, not -success.
+  CHECK(h.Last("run.end").fields["reason"] == "sync-failed");
+  CHECK(h.Last("run.end").severity == Severity::kError);
+  CHECK(h.machine.end_reason() == EndReason::kSyncFailed);
+}
+
+TEST_CASE("run.end is ERROR where the run's work is at risk, NOTICE for an ordinary end") {
+  CHECK(EndSeverity(EndReason::kRestoreFailed) == Severity::kError);
+  CHECK(EndSeverity(EndReason::kMountFailed) == Severity::kError);
+  CHECK(EndSeverity(EndReason::kFailed) == Severity::kError);
+  CHECK(EndSeverity(EndReason::kSyncFailed) == Severity::kError);
+  CHECK(EndSeverity(EndReason::kSyncStalled) == Severity::kError);
+  CHECK(EndSeverity(EndReason::kGangFormFailed) == Severity::kWarning);
+  for (auto r : {EndReason::kCompleted, EndReason::kPreempted, EndReason::kMaintenance, EndReason::kStopped,
+                 EndReason::kAlreadyDone, EndReason::kMaxRuntime, EndReason::kIdle, EndReason::kGangEnded}) {
+    CHECK(EndSeverity(r) == Severity::kNotice);
+  }
 }
 
 

@@ -1319,8 +1319,10 @@ void Supervisor::SignalLeftovers(int signo) {
 OnExit Supervisor::OnExitFor(EndReason reason) const {
   auto const& c = options_.config;
   bool success = reason == EndReason::kCompleted || reason == EndReason::kAlreadyDone;
+  // A trainer that succeeded but whose results never reached the bucket is
+  // not a success: on-exit-success (delete, say) would destroy the only copy.
   bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed || reason == EndReason::kMountFailed ||
-                 reason == EndReason::kSyncStalled;
+                 reason == EndReason::kSyncStalled || reason == EndReason::kSyncFailed;
   if (success && c.on_exit_success) return *c.on_exit_success;
   if (failure && c.on_exit_failure) return *c.on_exit_failure;
   return c.on_exit;

@@ -594,6 +594,8 @@ class GcsSyncTest(FileSyncTest):
         failed = p.wait_event("sync.failed", kind="final")
         self.assertIn("storage-rw or storage-full", failed["error"])
         self.assertNotIn("DONE", self.objects())
+        end = p.wait_event("run.end")
+        self.assertEqual((end["reason"], end["severity"]), ("sync-failed", "ERROR"), "not 'completed': the work is not in the bucket")
 
 
 class GcsAuthTest(SpotvisorTestCase):
