@@ -723,7 +723,11 @@ int RunEngine(const EngineOptions& options) {
   }
   // Labels first, so every line about this run carries them.
   if (!metadata.instance_name.empty()) logger.SetLabel("instance", metadata.instance_name);
-  if (result.config) logger.SetLabel("run_id", result.config->run_id);
+  if (result.config) {
+    logger.SetLabel("run_id", result.config->run_id);
+  } else if (auto id = RunIdOf(result); !id.empty()) {
+    logger.SetLabel("run_id", id);  // a broken config still names its run (issue #32)
+  }
   // Cloud Logging before the first warning or error: "why did my VM power
   // off right away" is answered by a config.error entry there.
   if (auto s = AddCloudLogging(result, metadata, cloud.get(), logger); !s.ok()) {

@@ -19,6 +19,14 @@
 namespace spotvisor {
 namespace {
 
+// [A-Za-z0-9][A-Za-z0-9._-]{0,127}, checked by hand: std::regex
+// backtracks through the 127 optional characters and recurses per byte.
+bool ValidRunId(const std::string& id) {
+  auto ok_char = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'; };
+  return !id.empty() && id.size() <= 128 && std::isalnum(static_cast<unsigned char>(id[0])) &&
+         std::all_of(id.begin(), id.end(), ok_char);
+}
+
 constexpr char kAfterDashDash[] = "command line (after --)";
 
 // Values quoted in error messages: readable whatever their bytes, and not
@@ -193,12 +201,7 @@ class Resolver {
 
   void RunId(Config& c) {
     c.run_id = std::string(Trim(Get("run-id").value));
-    // [A-Za-z0-9][A-Za-z0-9._-]{0,127}, checked by hand: std::regex
-    // backtracks through the 127 optional characters and recurses per byte.
-    auto ok_char = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'; };
-    bool ok = !c.run_id.empty() && c.run_id.size() <= 128 && std::isalnum(static_cast<unsigned char>(c.run_id[0])) &&
-              std::all_of(c.run_id.begin(), c.run_id.end(), ok_char);
-    if (!ok) {
+    if (!ValidRunId(c.run_id)) {
       Error("run-id", fmt::format("\"{}\" is not a valid run id (1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", Shown(c.run_id)));
     }
   }
@@ -588,6 +591,20 @@ bool ValidLogGroupName(std::string_view name) {
     if (!ok) return false;
   }
   return true;
+}
+
+std::string RunIdOf(const ConfigResult& r) {
+  auto get = [&](const char* key) -> const ConfigValue* {
+    auto it = r.values.find(key);
+    return it == r.values.end() ? nullptr : &it->second;
+  };
+  std::string id;
+  if (auto v = get("run-id")) id = std::string(Trim(v->value));
+  auto gang = get("gang");
+  if (gang && !Trim(gang->value).empty() && (!get("run-id") || get("run-id")->source == ConfigSource::kDefault)) {
+    id = std::string(Trim(gang->value));
+  }
+  return ValidRunId(id) ? id : "";
 }
 
 }  // namespace spotvisor

@@ -132,6 +132,12 @@ struct ConfigResult {
 
 ConfigResult ResolveConfig(const ConfigInputs& inputs);
 
+// The run id a configuration names, also when other keys are broken (so
+// that config.error and run.end carry it, issue #32): the run-id key, or
+// the gang's name when run-id is left at its default. "" when that is not
+// a valid run id.
+std::string RunIdOf(const ConfigResult& r);
+
 // "KEY=value" for --set; the error says what was wrong.
 StatusOr<std::pair<std::string, std::string>> ParseSetFlag(const std::string& arg);
 

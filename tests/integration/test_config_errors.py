@@ -89,6 +89,17 @@ class ConfigErrorTest(SpotvisorTestCase):
         self.assertEqual(w["message"], "instance metadata spotvisor-stop-timout: unknown spotvisor attribute, ignored "
                                        "(did you mean spotvisor-stop-timeout?)")
 
+    def test_a_broken_config_still_names_its_run_in_every_line(self):
+        # Issue #32: config.error and run.end carried only the instance label,
+        # so the quickstart's query on labels.run_id could not show why the VM stopped.
+        _, p = self.run_config_error(attrs={"spotvisor-run-id": "mnist-1", "spotvisor-stop-timeout": "20 sec"})
+        for name in ("config.error", "run.end"):
+            labels = p.wait_event(name)["logging.googleapis.com/labels"]
+            self.assertEqual(labels.get("run_id"), "mnist-1", name)
+        # A run-id that is itself the problem is not used as a label.
+        _, p2 = self.run_config_error(attrs={"spotvisor-run-id": "../bad id"})
+        self.assertNotIn("run_id", p2.wait_event("run.end")["logging.googleapis.com/labels"])
+
     def test_config_error_in_daemon_mode_still_powers_off_once(self):
         # A VM whose configuration is broken must not sit there billing.
         out = self.path("shutdown")
