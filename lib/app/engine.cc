@@ -594,11 +594,14 @@ ConfigResult LoadConfig(const EngineOptions& o, const MetadataSnapshot& metadata
     in.dynamic_defaults["workdir"] = std::filesystem::current_path(ec).string();
   }
   std::vector<std::string> file_errors;
-  auto entries = ReadConfigFile(o.config_path);
-  if (entries.ok()) {
-    in.file_entries = *std::move(entries);
-  } else if (o.config_path_given || entries.status().code() != StatusCode::kNotFound) {
-    file_errors.push_back(entries.status().message());
+  auto parsed = ReadConfigFileLines(o.config_path);
+  if (parsed.ok()) {
+    // The good lines count as well: every other mistake is reported in the
+    // same pass, and nothing is said to be missing that a good line gives.
+    in.file_entries = std::move(parsed->entries);
+    file_errors = std::move(parsed->errors);
+  } else if (o.config_path_given || parsed.status().code() != StatusCode::kNotFound) {
+    file_errors.push_back(parsed.status().message());
   }
   auto r = ResolveConfig(in);
   r.errors.insert(r.errors.begin(), file_errors.begin(), file_errors.end());

@@ -133,6 +133,24 @@ class Resolver {
     if (c.argv[0].empty()) Error("command", "the program name (first element) is empty");
   }
 
+  // gcloud's --metadata separates pairs with commas, so `env` and
+  // `log-labels` set there often arrive as "A=1,B=2" on one line: taken as
+  // one value, without a word (issue #32). Said once per key.
+  void WarnIfCommaJoined(const std::string& key, std::string_view line) {
+    for (std::size_t comma = line.find(','); comma != std::string_view::npos; comma = line.find(',', comma + 1)) {
+      auto rest = line.substr(comma + 1);
+      auto eq = rest.find('=');
+      if (eq != std::string_view::npos && eq > 0 && IsEnvName(Trim(rest.substr(0, eq)))) {
+        r_.warnings.push_back(fmt::format(
+            "{}: \"{}\" looks like several NAME=value pairs joined by commas; they are one value here ({} takes one "
+            "pair per line). Put each on its own line (in a file: {} = \"A=1\\nB=2\"; with gcloud: "
+            "--metadata-from-file, or --metadata=^;^KEY=... to change gcloud's separator)",
+            Get(key).origin, Shown(line), key, key));
+        return;
+      }
+    }
+  }
+
   void Env(Config& c) {
     int n = 0;
     for (auto const& raw : SplitLines(Get("env").value)) {
@@ -144,6 +162,7 @@ class Resolver {
         Error("env", fmt::format("line {} \"{}\" is not NAME=value (one per line, NAME of letters, digits and _)", n, line));
         continue;
       }
+      WarnIfCommaJoined("env", line);
       c.env.emplace_back(std::string(line.substr(0, eq)), std::string(line.substr(eq + 1)));
     }
   }
@@ -287,7 +306,16 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
     layers.Set(k.name, dyn != in.dynamic_defaults.end() ? dyn->second : k.default_value,
                ConfigSource::kDefault, "default " + k.name);
   }
+  std::map<std::string, int> first_line;  // a key given twice in the file: an error, not the last one silently
   for (auto const& e : in.file_entries) {
+    if (auto [it, fresh] = first_line.emplace(e.key, e.line); !fresh && FindKey(e.key) != nullptr) {
+      r.errors.push_back(fmt::format(
+          "{}:{} {}: given again (first on line {}); a key takes one value{}", in.file_path, e.line, e.key, it->second,
+          e.key == "env" || e.key == "log-labels"
+              ? fmt::format(": several on one key, one per line, as a quoted value: {} = \"A=1\\nB=2\"", e.key)
+              : ""));
+      continue;
+    }
     if (FindKey(e.key) == nullptr) {
       r.warnings.push_back(fmt::format("{}:{}: unknown key \"{}\", ignored{}", in.file_path, e.line, e.key, DidYouMean(e.key)));
       continue;
@@ -365,6 +393,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
       res.Error("log-labels", fmt::format("\"{}\" is not NAME=value", Shown(line)));
       continue;
     }
+    res.WarnIfCommaJoined("log-labels", line);
     c.log_labels[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
   }
   c.bucket = std::string(Trim(res.Get("bucket").value));

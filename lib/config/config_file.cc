@@ -50,13 +50,16 @@ StatusOr<std::string> Unquote(std::string_view v, const std::string& where) {
 
 }  // namespace
 
-StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const std::string& filename) {
+ParsedConfig ParseConfigLines(std::string_view text, const std::string& filename) {
   // Editors on Windows save UTF-8 with a byte order mark; left in, it would
   // make the first key unknown ("\xef\xbb\xbfcommand").
   constexpr std::string_view kBom = "\xef\xbb\xbf";
   if (StartsWith(text, kBom)) text.remove_prefix(kBom.size());
-  std::vector<FileEntry> out;
+  ParsedConfig out;
   int n = 0;
+  // Every line is read: one mistake does not hide the next one, nor the
+  // good lines around it (issue #32: a false "no command to run" though
+  // `command` was on line 1).
   for (auto const& raw : SplitLines(text)) {
     ++n;
     auto line = Trim(raw);
@@ -64,23 +67,38 @@ StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const st
     auto where = fmt::format("{}:{}", filename, n);
     auto eq = line.find('=');
     if (eq == std::string_view::npos) {
-      return InvalidArgumentError(fmt::format("{}: expected `key = value`, got \"{}\"", where, Shown(line)));
+      out.errors.push_back(fmt::format("{}: expected `key = value`, got \"{}\"", where, Shown(line)));
+      continue;
     }
     std::string key(Trim(line.substr(0, eq)));
     auto value = Trim(line.substr(eq + 1));
-    if (key.empty()) return InvalidArgumentError(where + ": missing key before '='");
+    if (key.empty()) {
+      out.errors.push_back(where + ": missing key before '='");
+      continue;
+    }
     FileEntry e{key, std::string(value), n};
     if (!value.empty() && value.front() == '"') {
       auto unquoted = Unquote(value, where);
-      if (!unquoted.ok()) return unquoted.status();
+      if (!unquoted.ok()) {
+        out.errors.push_back(unquoted.status().message());
+        continue;
+      }
       e.value = *std::move(unquoted);
     }
-    out.push_back(std::move(e));
+    out.entries.push_back(std::move(e));
   }
   return out;
 }
 
-StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
+StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const std::string& filename) {
+  auto parsed = ParseConfigLines(text, filename);
+  if (parsed.errors.empty()) return std::move(parsed.entries);
+  std::string all = parsed.errors.front();
+  for (std::size_t i = 1; i < parsed.errors.size(); ++i) all += "; " + parsed.errors[i];
+  return InvalidArgumentError(all);
+}
+
+StatusOr<ParsedConfig> ReadConfigFileLines(const std::string& path) {
   // open(2) and read(2), not an ifstream: an ifstream opens a directory
   // without complaint and reads it as empty, and hides read errors the same way.
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
@@ -120,7 +138,14 @@ StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
     }
   }
   close(fd);
-  return ParseConfigText(text, path);
+  return ParseConfigLines(text, path);
+}
+
+StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
+  auto parsed = ReadConfigFileLines(path);
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->errors.empty()) return InvalidArgumentError(parsed->errors.front());
+  return std::move(parsed->entries);
 }
 
 std::string QuoteConfigValue(const std::string& value) {

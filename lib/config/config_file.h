@@ -19,9 +19,17 @@ struct FileEntry {
 // \" and \\ escapes. Errors name the file and line.
 // A UTF-8 byte order mark at the start is skipped.
 StatusOr<std::vector<FileEntry>> ParseConfigText(std::string_view text, const std::string& filename);
+// The same, reading every line: the good ones, and an error for each bad one.
+struct ParsedConfig {
+  std::vector<FileEntry> entries;
+  std::vector<std::string> errors;
+};
+ParsedConfig ParseConfigLines(std::string_view text, const std::string& filename);
 // Only a regular file (a directory is an error, not an empty file), of at
 // most kMaxConfigFileBytes.
 StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path);
+// Every line of it (ParseConfigLines); the status is for the file itself.
+StatusOr<ParsedConfig> ReadConfigFileLines(const std::string& path);
 inline constexpr long kMaxConfigFileBytes = 1 << 20;
 
 // A config file listing every key with its help as a comment: `# key = default`,

@@ -51,6 +51,25 @@ TEST_CASE("file syntax errors name the file and line") {
   CHECK_FALSE(ParseConfigText("= 1\n", "f.conf").ok());
 }
 
+TEST_CASE("every bad line of a file is an error of its own; the good lines are still read") {
+  auto p = ParseConfigLines("command = train\nnonsense\nb = \"open\nc = 3\n= 1\n", "f.conf");
+  REQUIRE(p.errors.size() == 3);
+  CHECK(p.errors[0] == "f.conf:2: expected `key = value`, got \"nonsense\"");
+  CHECK(p.errors[1] == "f.conf:3: unterminated quoted value (missing closing \")");
+  CHECK(p.errors[2] == "f.conf:5: missing key before '='");
+  REQUIRE(p.entries.size() == 2);
+  CHECK((p.entries[0].key == "command" && p.entries[1].key == "c" && p.entries[1].line == 4));
+}
+
+TEST_CASE("a key given twice in the file is an error naming both lines") {
+  auto in = Base();
+  in.file_entries = {{"stop-timeout", "5m", 3}, {"stop-timeout", "1m", 9}};
+  auto r = ResolveConfig(in);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].find(":9 stop-timeout: given again (first on line 3)") != std::string::npos);
+  CHECK_FALSE(r.config.has_value());
+}
+
 TEST_CASE("layers: default < file < project < instance < command line, with sources") {
   auto in = Base();
   in.file_entries = {{"stop-timeout", "30s", 3}, {"kill-timeout", "7s", 4}, {"workdir", "/srv", 5}};

@@ -81,6 +81,36 @@ class ConfigErrorTest(SpotvisorTestCase):
         errors, _ = self.run_config_error(attrs={"spotvisor-stop-timeout": "x", "spotvisor-kill-timeout": "y"})
         self.assertEqual(len(errors), 2)
 
+    def test_every_mistake_in_a_file_is_reported_in_one_pass_and_the_good_lines_count(self):
+        # Issue #32: one syntax error hid the rest and added a false "no command to
+        # run" though `command` was on line 1; a key given twice silently kept the last.
+        conf = self.write_config(f'command = {FAKE_TRAINER} --run-for 1\n'
+                                 "this line has no equals sign\n"
+                                 "kill-timeout = forever\n"
+                                 "sync-interval = 5m\n"
+                                 "sync-interval = 1m\n"
+                                 'env = "A=1"\n'
+                                 'env = "B=2"\n')
+        errors, _ = self.run_config_error(config=conf, trainer=False)
+        self.assertEqual(len(errors), 4, errors)
+        self.assertIn(f'{conf}:2: expected `key = value`', errors[0])
+        self.assertTrue(any(f"{conf}:3 kill-timeout" in e for e in errors), errors)
+        self.assertTrue(any(f"{conf}:5 sync-interval: given again (first on line 4)" in e for e in errors), errors)
+        self.assertTrue(any(f"{conf}:7 env: given again (first on line 6)" in e and "A=1\\nB=2" in e for e in errors), errors)
+        self.assertFalse([e for e in errors if "command" in e], "command is on line 1")
+
+    def test_pairs_joined_by_commas_where_lines_are_expected_get_a_warning_showing_the_right_form(self):
+        # gcloud's --metadata separates with commas: spotvisor-env=LR=0.1,MODE=offline
+        # arrives as one line, one variable LR with the value "0.1,MODE=offline".
+        self.metadata.set("instance/attributes/spotvisor-env", "LR=0.1,MODE=offline")
+        self.metadata.set("instance/attributes/spotvisor-log-labels", "team=ml,exp=3")
+        p = self.start(["run", "--set", f"state-dir={self.path('state')}", "--", FAKE_TRAINER, "--run-for", "1"])
+        self.assertEqual(p.wait_exit(), 0, "".join(p.raw))
+        warnings = [w["message"] for w in p.find("config.warning") if "joined by commas" in w["message"]]
+        self.assertEqual(len(warnings), 2, warnings)
+        self.assertIn("spotvisor-env", warnings[0] + warnings[1])
+        self.assertIn('env = "A=1\\nB=2"', warnings[0] + warnings[1])
+
     def test_unknown_attribute_is_a_warning_with_a_suggestion_not_an_error(self):
         self.metadata.set("instance/attributes/spotvisor-stop-timout", "30s")
         p = self.run_trainer(["--run-for", "10"])
