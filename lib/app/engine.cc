@@ -616,6 +616,41 @@ ConfigResult LoadConfig(const EngineOptions& o, const MetadataSnapshot& metadata
   return r;
 }
 
+namespace {
+
+// Issue #32: a checkpoint dir the trainer's user cannot write was found at
+// its first save, an epoch after the GPU started billing. Tried before the
+// trainer starts; spotvisor fixes what is its own to fix (the default
+// checkpoint dir, which the package makes as root), else the run ends at
+// once with the fix in the message. The workdir only gets a warning: a
+// trainer need not write there.
+void ProbeTrainerDir(ConfigResult& r, const char* key, const std::string& dir, const UserInfo& user) {
+  auto probe = ProbeWritable(dir, user);
+  if (probe.ok()) return;
+  auto origin = r.values.at(key).origin;
+  bool ours = std::string_view(key) == "checkpoint-dir" && dir == FindKey("checkpoint-dir")->default_value;
+  if (ours && geteuid() == 0) {
+    if (auto g = GiveTreeTo(dir, user); g.ok() && ProbeWritable(dir, user).ok()) {
+      r.warnings.push_back(fmt::format("{}: {}: spotvisor gave {} (its own default directory) to user {}", origin,
+                                       probe.message(), dir, user.name));
+      return;
+    }
+  }
+  std::string fix = geteuid() == 0 ? fmt::format("`chown -R {} {}`, or set user to an owner of it", user.name, dir)
+                                   : fmt::format("make it writable for {} (`sudo chown -R {} {}`), or set {} to a directory "
+                                                 "{} can write",
+                                                 user.name, user.name, dir, key, user.name);
+  std::string message = fmt::format("{}: {}: the trainer could not {} there; fix: {}", origin, probe.message(),
+                                    std::string_view(key) == "checkpoint-dir" ? "save its checkpoints" : "write its files", fix);
+  if (std::string_view(key) == "checkpoint-dir") {
+    r.errors.push_back(message);
+  } else {
+    r.warnings.push_back(message);
+  }
+}
+
+}  // namespace
+
 void PrepareHost(ConfigResult& r, Mode mode) {
   if (!r.config) return;
   Config& c = *r.config;
@@ -636,7 +671,11 @@ void PrepareHost(ConfigResult& r, Mode mode) {
       // On a disk that is not mounted yet: created after the mounts.
       if (dir->empty() || UnderMount(c, *dir)) continue;
       auto s = MakeDirs(*dir, own ? owner : std::nullopt);
-      if (!s.ok()) r.errors.push_back(fmt::format("{}: {}", origin(key), s.message()));
+      if (!s.ok()) {
+        r.errors.push_back(fmt::format("{}: {}", origin(key), s.message()));
+        continue;
+      }
+      if (own && user.ok()) ProbeTrainerDir(r, key, *dir, *user);
     }
   }
   if (!r.errors.empty()) r.config.reset();

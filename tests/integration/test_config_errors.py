@@ -111,6 +111,31 @@ class ConfigErrorTest(SpotvisorTestCase):
         self.assertIn("spotvisor-env", warnings[0] + warnings[1])
         self.assertIn('env = "A=1\\nB=2"', warnings[0] + warnings[1])
 
+    @unittest.skipUnless(os.geteuid() == 0, "runs the trainer as another user: needs root")
+    def test_a_checkpoint_dir_the_trainers_user_cannot_write_fails_before_the_trainer_starts(self):
+        # Issue #32: found at the first save, an epoch after the start, and the VM powered off.
+        ckpt = self.path("root-owned")
+        os.makedirs(ckpt)
+        os.chmod(os.path.dirname(ckpt), 0o755)  # nobody may reach it, as /var/lib would let it
+        os.chmod(ckpt, 0o755)  # root's, as a directory made by hand or by the package
+        workdir = self.path("work")
+        os.makedirs(workdir)
+        os.chmod(workdir, 0o777)
+        p = self.start(["run", "--set", f"state-dir={self.path('state')}", "--set", f"checkpoint-dir={ckpt}",
+                        "--set", "user=nobody", "--set", f"workdir={workdir}", "--", FAKE_TRAINER, "--run-for", "1"])
+        self.assertEqual(p.wait_exit(), 78, "".join(p.raw))
+        self.assertFalse(p.find("trainer.start"))
+        (error,) = [e["message"] for e in p.find("config.error")]
+        self.assertIn(f'user nobody cannot create a file in "{ckpt}": Permission denied', error)
+        self.assertIn(f"chown -R nobody {ckpt}", error)
+        self.assertEqual(os.listdir(ckpt), [], "the probe leaves nothing behind")
+        # Writable for that user: the run goes on.
+        os.chmod(ckpt, 0o777)
+        p2 = self.start(["run", "--set", f"state-dir={self.path('state')}", "--set", f"checkpoint-dir={ckpt}",
+                         "--set", "user=nobody", "--set", f"workdir={workdir}", "--", FAKE_TRAINER, "--run-for", "1"])
+        self.assertEqual(p2.wait_exit(), 0, "".join(p2.raw))
+        self.assertFalse([f for f in os.listdir(ckpt) if "probe" in f])
+
     def test_unknown_attribute_is_a_warning_with_a_suggestion_not_an_error(self):
         self.metadata.set("instance/attributes/spotvisor-stop-timout", "30s")
         p = self.run_trainer(["--run-for", "10"])
