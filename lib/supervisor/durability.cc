@@ -41,12 +41,15 @@ std::string FormatBytes(std::uint64_t b) {
   return fmt::format("{:.1f} {}", v, units[u]);
 }
 
-std::optional<LogEvent> DurabilityTracker::CaughtUp(SteadyTime at, WallTime wall) {
+std::optional<LogEvent> DurabilityTracker::CaughtUp(SteadyTime at, WallTime wall, SteadyTime now) {
   // A sync's snapshot may predate a later one's that finished first.
   if (caught_up_ && at < *caught_up_) return std::nullopt;
   caught_up_ = at;
   caught_up_wall_ = wall;
   problem_.clear();
+  // The next sync gets a whole sync-alert-after from now: the caught-up
+  // point is the snapshot of an upload that may itself have taken longer.
+  quiet_until_ = now + alert_after_;
   if (level_ == 0) return std::nullopt;
   level_ = 0;
   return LogEvent{Severity::kNotice, "sync.recovered",
@@ -55,15 +58,41 @@ std::optional<LogEvent> DurabilityTracker::CaughtUp(SteadyTime at, WallTime wall
                   {{"caught_up_at", FormatRfc3339(wall)}}};
 }
 
+void DurabilityTracker::Progress(SteadyTime at, std::uint64_t bytes_done) {
+  if (!in_flight_since_) return;
+  SteadyTime from = moving_since_.value_or(*in_flight_since_);
+  double secs = std::chrono::duration<double>(at - from).count();
+  bool moved = bytes_done > last_bytes_ && (secs <= 0 || static_cast<double>(bytes_done - last_bytes_) / secs >= kMinRate);
+  if (moved) last_move_ = at;
+  moving_since_ = at;
+  last_bytes_ = bytes_done;
+}
+
+std::chrono::milliseconds DurabilityTracker::Window() const {
+  // Progress is reported every few seconds: at least three reports' worth.
+  return std::max<std::chrono::milliseconds>(std::chrono::seconds(15), alert_after_ / 2);
+}
+
+bool DurabilityTracker::Moving(SteadyTime now) const {
+  return in_flight_since_ && last_move_ && now - *last_move_ < Window();
+}
+
 std::optional<SteadyTime> DurabilityTracker::NextCheck() const {
   if (alert_after_.count() == 0 || !caught_up_ || level_ >= 2) return std::nullopt;
-  return *caught_up_ + (level_ + 1) * alert_after_;
+  auto next = *caught_up_ + (level_ + 1) * alert_after_;
+  if (quiet_until_) next = std::max(next, *quiet_until_);
+  // A sync moving bytes holds the level where it is: look again once it
+  // could have stopped.
+  if (in_flight_since_ && last_move_) next = std::max(next, *last_move_ + Window());
+  return next;
 }
 
 std::string DurabilityTracker::Cause(SteadyTime now) const {
   if (in_flight_since_ && now - *in_flight_since_ >= alert_after_ / 2) {
-    return fmt::format("a sync has been running for {} without finishing (a slow or hung upload; see sync.* events)",
-                       Roughly(now - *in_flight_since_));
+    return fmt::format("a sync has been running for {} and has moved {} in the last {} (a slow or hung upload; see "
+                       "sync.* events)",
+                       Roughly(now - *in_flight_since_),
+                       last_move_ ? "less than 100 kB/s" : "nothing", Roughly(Window()));
   }
   if (!problem_.empty()) return problem_;
   if (in_flight_since_) return fmt::format("a sync is running (for {})", Roughly(now - *in_flight_since_));
@@ -72,7 +101,7 @@ std::string DurabilityTracker::Cause(SteadyTime now) const {
 
 std::optional<LogEvent> DurabilityTracker::Check(SteadyTime now, const std::optional<UncommittedView>& u) {
   auto next = NextCheck();
-  if (!next || now < *next) return std::nullopt;
+  if (!next || now < *next || Moving(now)) return std::nullopt;
   auto lag = now - *caught_up_;
   int level = lag >= 2 * alert_after_ ? 2 : 1;
   level_ = level;

@@ -28,11 +28,25 @@ class DurabilityTracker {
   // The bucket held everything in the checkpoint dir as of `at` (a restore;
   // a sync that committed or found nothing new, as of its snapshot). Returns
   // the `sync.recovered` event if a stall had been reported.
-  std::optional<LogEvent> CaughtUp(SteadyTime at, WallTime wall);
+  // `now`: when that was learned; no stall is said within sync-alert-after
+  // of it (issue #32: recovered, then ERROR stalled 1 ms later, because the
+  // caught-up point was the snapshot of a long upload).
+  std::optional<LogEvent> CaughtUp(SteadyTime at, WallTime wall, SteadyTime now);
   // Why the last sync did not catch up (failed, deferred, fenced).
   void Problem(std::string why) { problem_ = std::move(why); }
   // A sync is in flight since `at` (nullopt: none).
-  void SyncInFlight(std::optional<SteadyTime> at) { in_flight_since_ = at; }
+  void SyncInFlight(std::optional<SteadyTime> at) {
+    in_flight_since_ = at;
+    last_bytes_ = 0;
+    moving_since_.reset();
+    last_move_.reset();
+  }
+  // The sync in flight has moved `bytes_done` bytes by `at` (its progress
+  // reports). A sync that keeps moving bytes at kMinRate or more is not
+  // stalled, however old the last commit (issue #32: a long healthy upload
+  // paged people): the stall level rises only once it stops moving.
+  void Progress(SteadyTime at, std::uint64_t bytes_done);
+  static constexpr double kMinRate = 100e3;  // bytes/s: slower than this is not moving
 
   // When the stall level would next rise (nullopt: never, or not started).
   std::optional<SteadyTime> NextCheck() const;
@@ -53,11 +67,18 @@ class DurabilityTracker {
 
  private:
   std::string Cause(SteadyTime now) const;
+  // The sync in flight moved bytes at kMinRate or more within Window() of `now`.
+  bool Moving(SteadyTime now) const;
+  std::chrono::milliseconds Window() const;
 
   std::chrono::milliseconds alert_after_;
   std::optional<SteadyTime> caught_up_;
   WallTime caught_up_wall_{};
   std::optional<SteadyTime> in_flight_since_;
+  std::uint64_t last_bytes_ = 0;
+  std::optional<SteadyTime> moving_since_;  // the progress report before the last one that moved
+  std::optional<SteadyTime> last_move_;     // the last progress report that moved at kMinRate
+  std::optional<SteadyTime> quiet_until_;   // no stall said before this (just recovered)
   std::string problem_;
   std::string cause_;
   int level_ = 0;

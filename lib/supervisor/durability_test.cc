@@ -28,7 +28,7 @@ TEST_CASE("RFC 3339 times: what we write reads back, anything else is refused, n
 TEST_CASE("a stall is a WARNING once the bucket lags sync-alert-after, an ERROR at twice, each once") {
   DurabilityTracker d(30min);
   CHECK_FALSE(d.NextCheck());  // nothing restored yet: no clock to run
-  CHECK_FALSE(d.CaughtUp(t0, w0));
+  CHECK_FALSE(d.CaughtUp(t0, w0, t0));
   REQUIRE(d.NextCheck() == t0 + 30min);
   CHECK_FALSE(d.Check(t0 + 29min, std::nullopt));
   d.Problem("the last sync (periodic) failed: 403 Forbidden (storage.objects.create)");
@@ -51,20 +51,20 @@ TEST_CASE("a stall is a WARNING once the bucket lags sync-alert-after, an ERROR 
   CHECK(d.Json(t0 + 61min, w0 + 61min, {}, std::nullopt, std::nullopt)["stalled"] == true);
 
   // Caught up again: one sync.recovered, and the clock starts over.
-  auto rec = d.CaughtUp(t0 + 62min, w0 + 62min);
+  auto rec = d.CaughtUp(t0 + 62min, w0 + 62min, t0 + 62min);
   REQUIRE(rec);
   CHECK(rec->event == "sync.recovered");
   CHECK(d.level() == 0);
   CHECK(d.NextCheck() == t0 + 92min);
-  CHECK_FALSE(d.CaughtUp(t0 + 63min, w0 + 63min));  // nothing to recover from
+  CHECK_FALSE(d.CaughtUp(t0 + 63min, w0 + 63min, t0 + 63min));  // nothing to recover from
   // A sync whose snapshot is older than the last catch-up does not set the clock back.
-  d.CaughtUp(t0 + 50min, w0 + 50min);
+  d.CaughtUp(t0 + 50min, w0 + 50min, t0 + 50min);
   CHECK(d.NextCheck() == t0 + 93min);
 }
 
 TEST_CASE("a lag already twice the limit is an ERROR at once") {
   DurabilityTracker d(1min);
-  d.CaughtUp(t0, w0);
+  d.CaughtUp(t0, w0, t0);
   auto e = d.Check(t0 + 5min, std::nullopt);
   REQUIRE(e);
   CHECK(e->severity == Severity::kError);
@@ -73,34 +73,89 @@ TEST_CASE("a lag already twice the limit is an ERROR at once") {
 
 TEST_CASE("sync-alert-after 0: never stalled") {
   DurabilityTracker d(0ms);
-  d.CaughtUp(t0, w0);
+  d.CaughtUp(t0, w0, t0);
   CHECK_FALSE(d.NextCheck());
   CHECK_FALSE(d.Check(t0 + 1000h, std::nullopt));
 }
 
 TEST_CASE("the stall names a sync that has been running too long, else the last problem") {
   DurabilityTracker d(10min);
-  d.CaughtUp(t0, w0);
+  d.CaughtUp(t0, w0, t0);
   d.Problem("the last sync (periodic) committed nothing: a file is open for writing");
   d.SyncInFlight(t0 + 2min);
   auto e = d.Check(t0 + 10min, std::nullopt);
   REQUIRE(e);
   CHECK(d.cause().find("a sync has been running for 8m") != std::string::npos);
   DurabilityTracker d2(10min);
-  d2.CaughtUp(t0, w0);
+  d2.CaughtUp(t0, w0, t0);
   d2.Problem("the last sync (periodic) committed nothing: a file is open for writing");
   d2.SyncInFlight(t0 + 9min);
   REQUIRE(d2.Check(t0 + 10min, std::nullopt));
   CHECK(d2.cause() == "the last sync (periodic) committed nothing: a file is open for writing");
   DurabilityTracker d3(10min);
-  d3.CaughtUp(t0, w0);
+  d3.CaughtUp(t0, w0, t0);
   REQUIRE(d3.Check(t0 + 10min, std::nullopt));
   CHECK(d3.cause().find("no sync has caught up") != std::string::npos);
 }
 
+// Issue #32: a 1.5 GiB upload at 40 MB/s with sync-interval 5s paged people:
+// WARNING, then ERROR while the bytes were moving, then recovered and ERROR
+// again 1 ms later.
+TEST_CASE("a sync that keeps moving bytes is not stalled, however old the commit; once it stops, it is") {
+  DurabilityTracker d(15s);
+  d.CaughtUp(t0, w0, t0);
+  d.SyncInFlight(t0 + 1s);
+  std::uint64_t bytes = 0;
+  for (auto t = t0 + 5s; t <= t0 + 60s; t += 5s) {
+    bytes += 200'000'000;  // 40 MB/s
+    d.Progress(t, bytes);
+    CHECK_FALSE(d.Check(t, std::nullopt));
+    CHECK_FALSE(d.Check(t + 4s, std::nullopt));
+  }
+  CHECK(d.level() == 0);
+  REQUIRE(d.NextCheck() == t0 + 60s + 15s);  // when it could have stopped
+  // It stops moving: a progress report with nothing new.
+  d.Progress(t0 + 65s, bytes);
+  CHECK_FALSE(d.Check(t0 + 70s, std::nullopt));
+  auto e = d.Check(t0 + 75s, std::nullopt);
+  REQUIRE(e);
+  CHECK(e->severity == Severity::kError);  // the lag is long past twice the limit
+  CHECK(d.cause().find("a sync has been running for 1m14s") != std::string::npos);
+}
+
+TEST_CASE("a sync moving less than 100 kB/s is not moving") {
+  DurabilityTracker d(15s);
+  d.CaughtUp(t0, w0, t0);
+  d.SyncInFlight(t0);
+  d.Progress(t0 + 5s, 10'000);
+  d.Progress(t0 + 10s, 20'000);
+  REQUIRE(d.Check(t0 + 15s, std::nullopt));
+  CHECK(d.level() == 1);
+}
+
+TEST_CASE("no stall is said within sync-alert-after of a catch-up, though the caught-up point is older") {
+  DurabilityTracker d(15s);
+  d.CaughtUp(t0, w0, t0);
+  REQUIRE(d.Check(t0 + 30s, std::nullopt));  // ERROR: nothing in flight
+  // A long upload commits: the bucket holds the tree as of its start, 35 s ago.
+  auto rec = d.CaughtUp(t0 + 20s, w0 + 20s, t0 + 55s);
+  REQUIRE(rec);
+  CHECK(rec->event == "sync.recovered");
+  CHECK(d.NextCheck() == t0 + 70s);
+  CHECK_FALSE(d.Check(t0 + 55s + 1ms, std::nullopt));
+  CHECK_FALSE(d.Check(t0 + 69s, std::nullopt));
+  REQUIRE(d.Check(t0 + 70s, std::nullopt));  // then, with no sync moving, it is said
+  // Also with nothing to recover from: a commit whose snapshot is 20 s old.
+  DurabilityTracker d2(15s);
+  d2.CaughtUp(t0, w0, t0);
+  CHECK_FALSE(d2.CaughtUp(t0 + 5s, w0 + 5s, t0 + 25s));
+  CHECK(d2.NextCheck() == t0 + 40s);
+  CHECK_FALSE(d2.Check(t0 + 25s + 1ms, std::nullopt));
+}
+
 TEST_CASE("the durability block: the commit's age from its own time, never negative, what is at risk") {
   DurabilityTracker d(30min);
-  d.CaughtUp(t0, w0);
+  d.CaughtUp(t0, w0, t0);
   CommittedView c;
   c.known = true;
   c.sequence = 7;

@@ -273,6 +273,10 @@ void Supervisor::OnTransferProgress(const SyncProgress& p) {
                            {"throughput_mbps", rate ? nlohmann::json(*rate / 1e6) : nlohmann::json(nullptr)},
                            {"eta_s", left ? nlohmann::json(*left) : nlohmann::json(nullptr)}};
   logger_.Info(p.op == "restore" ? "restore.progress" : "sync.progress", message, fields);
+  if (p.op != "restore") {
+    durability_.Progress(clock_.Now(), p.bytes_done);
+    ArmStallTimer();  // a sync moving bytes moves the next look at the lag
+  }
   transfer_ = fields;
   transfer_["as_of"] = FormatRfc3339(clock_.WallNow());
   WriteStatus(LogEvent{Severity::kInfo, p.op == "restore" ? "restore.progress" : "sync.progress", message, {}});
@@ -733,7 +737,7 @@ void Supervisor::StartRestore() {
       if (!r->done) {
         // The bucket holds what the trainer starts from (or, with newer
         // local files kept, held them before this boot).
-        durability_.CaughtUp(clock_.Now(), clock_.WallNow());
+        durability_.CaughtUp(clock_.Now(), clock_.WallNow(), clock_.Now());
         ArmStallTimer();
         ArmReportTimer();
         PublishRunStatus({{"state", "running"}});
@@ -975,7 +979,14 @@ void Supervisor::ArmSyncTimer() {
 void Supervisor::StartSync(const std::string& kind, bool final, bool write_done, const StartFinalSync* final_sync) {
   bool skippable = kind == "periodic" || kind == "on-demand";
   if (skippable && (sync_in_flight_ || !restored_)) {
-    logger_.Info("sync.skipped", fmt::format("{} sync skipped: {}", kind, restored_ ? "a sync is already running" : "not restored yet"));
+    // Said once per sync in flight for the periodic timer (issue #32: one
+    // line every sync-interval through a long upload); always on demand.
+    if (kind != "periodic" || !restored_ || !skip_said_) {
+      logger_.Info("sync.skipped", fmt::format("{} sync skipped: {}", kind,
+                                               restored_ ? "a sync is already running (periodic syncs wait for it)"
+                                                         : "not restored yet"));
+      if (kind == "periodic" && restored_) skip_said_ = true;
+    }
     return;
   }
   auto engine = options_.sync;
@@ -996,6 +1007,7 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   if (final) final_cancel_ = ctx.cancel;
   if (skippable) {
     sync_in_flight_ = true;
+    skip_said_ = false;
     periodic_cancel_ = ctx.cancel;
     superseded_by_.clear();
   } else if (periodic_cancel_ && (final || kind == "preemption" || kind == "maintenance")) {
@@ -1126,7 +1138,7 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
   bool committed = r.ok() && !r->deferred;
   if (committed) {
     // The bucket now holds the tree as of the sync's snapshot, no older than its start.
-    if (auto e = durability_.CaughtUp(outcome.started, outcome.started_wall)) logger_.Log(*e);
+    if (auto e = durability_.CaughtUp(outcome.started, outcome.started_wall, clock_.Now())) logger_.Log(*e);
   } else if (r.ok()) {
     durability_.Problem(fmt::format("the last sync ({}) committed nothing: {}", kind, r->deferred_reason));
   } else {

@@ -200,7 +200,8 @@ class Supervisor {
   // Cancels the periodic/on-demand sync in flight (asleep in backoff, say)
   // when the final sync must start now.
   std::shared_ptr<CancelSource> periodic_cancel_;
-  std::string superseded_by_;  // the kind of sync that cancelled the periodic one in flight
+  std::string superseded_by_;
+  bool skip_said_ = false;  // sync.skipped said for the periodic sync in flight  // the kind of sync that cancelled the periodic one in flight
   bool fence_logged_ = false;
   bool restored_ = false;
   nlohmann::json last_sync_;
