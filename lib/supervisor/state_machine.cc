@@ -721,6 +721,13 @@ std::pair<std::chrono::milliseconds, bool> StateMachine::FinalSyncBudget(SteadyT
   return {std::max(left, std::chrono::milliseconds(0)), true};
 }
 
+std::optional<SteadyTime> StateMachine::RecordsDeadline(SteadyTime now) const {
+  if (!preempted_) return std::nullopt;
+  auto button = power_button_at_.value_or(now);
+  if (stop_signal_at_ && *stop_signal_at_ < button) button = *stop_signal_at_;
+  return button + options_.preemption_window - options_.final_sync_margin / 2;
+}
+
 std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) const {
   auto earliest = [](std::optional<SteadyTime> a, std::optional<SteadyTime> b) -> std::optional<SteadyTime> {
     if (!a) return b;

@@ -282,6 +282,11 @@ class StateMachine {
   bool stopped_by_signal() const { return signalled_; }
   // instance/preempted was seen TRUE at some point.
   bool preempted() const { return preempted_; }
+  // After a preemption: by when the run's last records (the boot record's
+  // end, the claim's release) must be done, half the final sync's margin
+  // before the machine is taken, so that spotvisor exits inside the window
+  // whatever the store does. nullopt: not preempted.
+  std::optional<SteadyTime> RecordsDeadline(SteadyTime now) const;
   // The run is over or being ended (not a crash that may be restarted, not a
   // hold): what systemd hears as STOPPING=1.
   bool Ending() const;

@@ -369,6 +369,17 @@ TEST_CASE("a trainer that succeeded but whose final sync failed does not exit 0"
   CHECK(h.machine.end_reason() == EndReason::kSyncFailed);
 }
 
+TEST_CASE("after a preemption the run's last records are bounded by the window, half the margin before its end") {
+  auto o = Harness::Options();
+  o.preemption_window = 8s;
+  o.final_sync_margin = 3s;
+  Harness h(o);
+  h.StartRunning();
+  CHECK_FALSE(h.machine.RecordsDeadline(h.now).has_value());
+  h.On(PreemptionNotice{});
+  CHECK(h.machine.RecordsDeadline(h.now) == h.now + 6500ms);
+}
+
 TEST_CASE("run.end is ERROR where the run's work is at risk, NOTICE for an ordinary end") {
   CHECK(EndSeverity(EndReason::kRestoreFailed) == Severity::kError);
   CHECK(EndSeverity(EndReason::kMountFailed) == Severity::kError);

@@ -466,6 +466,9 @@ void Supervisor::Dispatch(const Event& e) {
     CallContext ctx;
     ctx.clock = &clock_;
     ctx.deadline = clock_.Now() + std::chrono::seconds(3);
+    // After a preemption, inside the window: a failing store must not keep
+    // spotvisor past it (a claim left behind expires by itself).
+    if (auto by = machine_.RecordsDeadline(clock_.Now()); by && *by < *ctx.deadline) ctx.deadline = *by;
     if (options_.boot && boot_begun_) {
       BootEnd end;
       end.reason = machine_.end_reason() ? EndReasonName(*machine_.end_reason()) : "ended";
