@@ -469,7 +469,7 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
   engine.SetProgressHandler([](const SyncProgress& p) {
     auto left = p.SecondsLeft();
     std::fprintf(stderr, "spotvisor pull: %s of %s%s%s\n", FormatBytes(p.bytes_done).c_str(), FormatBytes(p.bytes_total).c_str(),
-                 p.Rate() ? fmt::format(", {:.1f} MB/s", *p.Rate() / 1e6).c_str() : "",
+                 p.Rate() ? (", " + FormatRate(*p.Rate())).c_str() : "",
                  left ? fmt::format(", about {:.0f}s left", *left).c_str() : "");
   });
   CallContext ctx;

@@ -152,7 +152,7 @@ int PrintStatus(const std::string& state_dir, bool json) {
     std::printf("transfer:    %s%s: %s of %s (%.0f%%)%s%s (as of %s)\n", kind.c_str(), kind == "restore" ? "" : " sync",
                 FormatBytes(done).c_str(), FormatBytes(total).c_str(),
                 total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
-                num("throughput_mbps") ? fmt::format(", {:.1f} MB/s", *num("throughput_mbps")).c_str() : "",
+                num("throughput_mbps") ? (", " + FormatRate(*num("throughput_mbps") * 1e6)).c_str() : "",
                 num("eta_s") ? fmt::format(", about {} left", FormatDuration(std::chrono::seconds(
                                                                    static_cast<long long>(*num("eta_s") + 0.5))))
                                    .c_str()
@@ -226,9 +226,9 @@ int RequestSync(const std::string& state_dir, std::chrono::milliseconds timeout)
     auto const& ls = (*now)["last_sync"];
     if (ls.dump() == before) continue;
     if (ls.value("ok", false)) {
-      std::printf("%s sync #%lld done: %d file(s), %lld bytes uploaded\n", ls.value("kind", "").c_str(),
+      std::printf("%s sync #%lld done: %d file(s), %s uploaded\n", ls.value("kind", "").c_str(),
                   static_cast<long long>(ls.value("sequence", 0)), ls.value("files_uploaded", 0),
-                  static_cast<long long>(ls.value("bytes", 0)));
+                  FormatBytes(ls.value("bytes", std::uint64_t{0})).c_str());
       return 0;
     }
     std::fprintf(stderr, "sync failed: %s\n", ls.value("error", "").c_str());

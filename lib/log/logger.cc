@@ -1,8 +1,13 @@
 #include "log/logger.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <ctime>
 
 #include <fmt/format.h>
+
+#include "common/units.h"
 
 namespace spotvisor {
 namespace {
@@ -38,6 +43,116 @@ class JsonSink final : public LogSink {
   std::FILE* out_;
 };
 
+// Whether `word` stands in `text` as a whole word: not inside a longer
+// name or number ("1" is in "#1:" and "1 file", not in "10" or "0.1").
+bool HasWord(std::string_view text, std::string_view word) {
+  if (word.empty()) return false;
+  auto part_of_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (auto at = text.find(word); at != std::string_view::npos; at = text.find(word, at + 1)) {
+    std::size_t end = at + word.size();
+    bool before = at > 0 && (part_of_word(text[at - 1]) || (text[at - 1] == '.' && at > 1 && std::isdigit(static_cast<unsigned char>(text[at - 2]))));
+    // A number may carry its unit ("0.03s", "5m"); a name may not run on.
+    bool number = std::isdigit(static_cast<unsigned char>(word.back()));
+    bool after = end < text.size() &&
+                 ((number ? std::isdigit(static_cast<unsigned char>(text[end])) != 0 : part_of_word(text[end])) ||
+                  (text[end] == '.' && end + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[end + 1]))));
+    if (!before && !after) return true;
+  }
+  return false;
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Floats to 3 decimals (seconds to the millisecond), or 3 significant
+// digits below 1 (a rate of 0.0161 MB/s is not 0.016): what a person or a
+// query can use, not 17 digits of noise.
+double Rounded(double v) {
+  if (!std::isfinite(v) || v == 0 || std::fabs(v) >= 1e15) return v;
+  int decimals = std::max(3, 2 - static_cast<int>(std::floor(std::log10(std::fabs(v)))));
+  if (decimals > 300) return v;  // 10^decimals would overflow
+  double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
+
+void RoundFloats(nlohmann::json& j) {
+  if (j.is_number_float()) {
+    j = Rounded(j.get<double>());
+  } else if (j.is_structured()) {
+    for (auto& child : j) RoundFloats(child);
+  }
+}
+
+// A float as a text line shows it: as rounded for the JSON, without a
+// trailing ".0".
+std::string ShortNumber(double v) {
+  auto out = Dump(nlohmann::json(Rounded(v)));
+  if (out.size() > 2 && out.compare(out.size() - 2, 2, ".0") == 0) out.resize(out.size() - 2);
+  return out;
+}
+
+}  // namespace
+
+bool MessageSays(std::string_view key, const nlohmann::json& v, std::string_view message) {
+  if (v.is_string()) {
+    auto const& s = v.get_ref<const std::string&>();
+    return s.size() >= 2 && HasWord(message, s);
+  }
+  if (v.is_number_integer() || v.is_number_unsigned()) {
+    auto n = v.is_number_unsigned() ? fmt::format("{}", v.get<std::uint64_t>()) : fmt::format("{}", v.get<std::int64_t>());
+    if (HasWord(message, n)) return true;
+    bool bytes = key == "bytes" || EndsWith(key, "_bytes");
+    return bytes && v.get<std::int64_t>() >= 0 && message.find(FormatBytes(v.get<std::uint64_t>())) != std::string_view::npos;
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (EndsWith(key, "_mbps") && message.find(FormatRate(d * 1e6)) != std::string_view::npos) return true;
+    for (int decimals = 0; decimals <= 3; ++decimals) {
+      if (HasWord(message, fmt::format("{:.{}f}", d, decimals))) return true;
+    }
+    return false;
+  }
+  if (v.is_array() && !v.empty()) {
+    std::vector<std::string> words;
+    for (auto const& w : v) {
+      if (!w.is_string()) return false;
+      words.push_back(w.get<std::string>());
+    }
+    return message.find(ShellJoin(words)) != std::string_view::npos;
+  }
+  return false;
+}
+
+std::string TextFields(const nlohmann::json& fields, std::string_view message) {
+  std::string out;
+  for (auto const& [k, v] : fields.items()) {
+    // Nothing to say: zero, false, null, empty. What the message says is not said twice.
+    if (v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
+        (v.is_string() && v.get_ref<const std::string&>().empty()) || ((v.is_array() || v.is_object()) && v.empty())) {
+      continue;
+    }
+    if (MessageSays(k, v, message)) continue;
+    std::string value;
+    if (v.is_string()) {
+      value = v.get<std::string>();
+    } else if (v.is_number_float()) {
+      value = ShortNumber(v.get<double>());
+    } else if (v.is_array() && std::all_of(v.begin(), v.end(), [](auto const& w) { return w.is_string(); })) {
+      std::vector<std::string> words;
+      for (auto const& w : v) words.push_back(w.get<std::string>());
+      value = ShellJoin(words);
+    } else {
+      value = Dump(v);
+    }
+    if (value.size() > kMaxTextValue) value = value.substr(0, kMaxTextValue - 3) + "...";
+    out += fmt::format("  {}={}", k, value);
+  }
+  return out;
+}
+
+namespace {
+
 class TextSink final : public LogSink {
  public:
   explicit TextSink(std::FILE* out) : out_(out) {}
@@ -52,11 +167,8 @@ class TextSink final : public LogSink {
       line = fmt::format("{:02}:{:02}:{:02}.{:03} {:<7}| {}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
                          e.fields.value("stream", "trainer"), e.message);
     } else {
-      line = fmt::format("{:02}:{:02}:{:02}.{:03} {:<7} {:<22} {}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
-                         SeverityName(e.severity), e.event, e.message);
-      for (auto const& [k, v] : e.fields.items()) {
-        line += fmt::format("  {}={}", k, v.is_string() ? v.get<std::string>() : Dump(v));
-      }
+      line = fmt::format("{:02}:{:02}:{:02}.{:03} {:<7} {:<19} {}{}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
+                         SeverityName(e.severity), e.event, e.message, TextFields(e.fields, e.message));
     }
     line += '\n';
     std::fwrite(line.data(), 1, line.size(), out_);
@@ -66,6 +178,7 @@ class TextSink final : public LogSink {
  private:
   std::FILE* out_;
 };
+
 
 }  // namespace
 
@@ -190,6 +303,7 @@ void Logger::SetLabel(const std::string& key, const std::string& value) {
 
 void Logger::Log(LogEvent e) {
   auto now = clock_.WallNow();
+  RoundFloats(e.fields);
   std::lock_guard lk(mu_);
   for (auto& s : sinks_) s->Write(e, now, labels_);
 }

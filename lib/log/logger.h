@@ -40,8 +40,20 @@ class LogSink {
 // logging.googleapis.com/ spelling, so every agent path reads it), message,
 // time (RFC 3339, UTC, nanoseconds), event, labels, then the event's fields.
 std::unique_ptr<LogSink> MakeJsonSink(std::FILE* out);
-// "10:04:05.123 INFO  trainer.start  message  key=value ..."
+// "10:04:05.123 INFO    trainer.start       message  key=value ...": for a
+// person at a terminal. The key=value pairs leave out what the message
+// already says (TextFields); the JSON line keeps every field.
 std::unique_ptr<LogSink> MakeTextSink(std::FILE* out);
+
+// Whether `message` already says field `key`'s value: the same word or
+// number, a byte count as FormatBytes writes it, seconds to 0-3 decimals, a
+// `_mbps` rate as FormatRate writes it, an argv as ShellJoin writes it.
+bool MessageSays(std::string_view key, const nlohmann::json& value, std::string_view message);
+// The "  key=value" pairs of a text line: fields the message does not say
+// that are not zero, false, null or empty; floats to 3 decimals, an argv as
+// a shell line, a value cut at kMaxTextValue characters.
+inline constexpr std::size_t kMaxTextValue = 48;
+std::string TextFields(const nlohmann::json& fields, std::string_view message);
 
 std::string FormatRfc3339(WallTime t);
 // "20261128T101500Z": a UTC time to the second that sorts as text, for names.

@@ -29,18 +29,6 @@ std::string Roughly(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-std::string FormatBytes(std::uint64_t b) {
-  if (b < 1000) return fmt::format("{} bytes", b);
-  const char* units[] = {"kB", "MB", "GB", "TB", "PB"};
-  double v = static_cast<double>(b);
-  int u = -1;
-  while (v >= 1000 && u < 4) {
-    v /= 1000;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", v, units[u]);
-}
-
 std::optional<LogEvent> DurabilityTracker::CaughtUp(SteadyTime at, WallTime wall, SteadyTime now) {
   // A sync's snapshot may predate a later one's that finished first.
   if (caught_up_ && at < *caught_up_) return std::nullopt;

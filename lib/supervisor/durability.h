@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/units.h"
 #include "log/logger.h"
 #include "sync/sync_engine.h"
 
@@ -83,8 +84,5 @@ class DurabilityTracker {
   std::string cause_;
   int level_ = 0;
 };
-
-// "1.2 GB", "340 kB", "12 bytes": sizes in messages.
-std::string FormatBytes(std::uint64_t bytes);
 
 }  // namespace spotvisor

@@ -189,13 +189,5 @@ TEST_CASE("the durability block: the commit's age from its own time, never negat
   CHECK(none.fields["committed_at"].is_null());
 }
 
-TEST_CASE("sizes in messages") {
-  CHECK(FormatBytes(0) == "0 bytes");
-  CHECK(FormatBytes(999) == "999 bytes");
-  CHECK(FormatBytes(1500) == "1.5 kB");
-  CHECK(FormatBytes(2'500'000'000) == "2.5 GB");
-  CHECK(FormatBytes(UINT64_MAX) == "18446.7 PB");
-}
-
 }  // namespace
 }  // namespace spotvisor

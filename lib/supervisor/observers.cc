@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "output/utf8.h"
 #include "state/status_file.h"
 
 namespace spotvisor {
@@ -51,7 +52,9 @@ void GuestAttributesObserver::OnChange(const RunView& v) {
       {"phase", v.phase},
       {"since", FormatRfc3339(v.since)},
       {"trainer_pid", v.trainer_pid ? std::to_string(*v.trainer_pid) : ""},
-      {"last_event", Dump({{"event", v.last_event}, {"message", v.last_message}})},
+      // Read by a person through `gcloud ... get-guest-attributes`: a line of
+      // text, like the log's, not JSON inside a string.
+      {"last_event", output::EscapeInvalidUtf8(v.last_event + ": " + v.last_message)},
       {"last_sync", v.last_sync.is_null() ? "" : Dump(v.last_sync)},
       {"reason", v.reason},
       {"checkpoint", v.checkpoint.is_null() ? "" : Dump(v.checkpoint)},

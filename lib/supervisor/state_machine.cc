@@ -702,8 +702,10 @@ void StateMachine::Transition(State to, SteadyTime now, const std::string& why) 
   State from = state_;
   state_ = to;
   deadline_ = DeadlineFor(to, now);
-  nlohmann::json f = {{"from", PhaseName(PhaseOf(from))}, {"to", PhaseName(PhaseOf(to))}, {"from_state", StateName(from)},
-                      {"state", StateName(to)}, {"why", why}};
+  // States, not phases: a phase is its states' name up to the first "/"
+  // ("stopping/SIGINT" is in "stopping"), so a second pair of fields would
+  // only repeat them.
+  nlohmann::json f = {{"from", StateName(from)}, {"to", StateName(to)}, {"why", why}};
   if (deadline_) f["deadline_s"] = std::chrono::duration<double>(*deadline_ - now).count();
   Log(Severity::kInfo, "supervisor.state", fmt::format("{} -> {}: {}", StateName(from), StateName(to), why), f);
 }

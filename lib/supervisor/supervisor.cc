@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/duration.h"
+#include "common/units.h"
 #include "log/logger.h"
 #include "output/utf8.h"
 #include "process/proc.h"
@@ -263,7 +264,7 @@ void Supervisor::OnTransferProgress(const SyncProgress& p) {
   double pct = p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 100.0;
   std::string what = p.op == "restore" ? "restore" : transfer_kind_ + " sync";
   auto message = fmt::format("{}: {} of {} ({:.0f}%) in {:.1f}s{}{}", what, FormatBytes(p.bytes_done), FormatBytes(p.bytes_total),
-                             pct, p.elapsed_s, rate ? fmt::format(", {:.1f} MB/s", *rate / 1e6) : "",
+                             pct, p.elapsed_s, rate ? ", " + FormatRate(*rate) : "",
                              left ? fmt::format(", about {:.0f}s left", *left) : "");
   nlohmann::json fields = {{"kind", p.op == "restore" ? "restore" : transfer_kind_},
                            {"bytes_done", p.bytes_done},
@@ -325,8 +326,13 @@ void Supervisor::Start() {
     if (!ec) OnSignal(signo);
   });
   auto const& c = options_.config;
-  logger_.Info("run.start", fmt::format("run {} starting: {}", c.run_id, c.command),
-               {{"run_id", c.run_id}, {"command", c.command}, {"user", c.user}, {"workdir", c.workdir},
+  logger_.Info("run.start",
+               fmt::format("run {} starting as {}: {}", c.run_id, c.user.empty() ? "spotvisor's user" : c.user,
+                           c.exec_form ? ShellJoin(c.argv) : c.command),
+               // An exec-form command is its words (a JSON array, not JSON
+               // inside a string); a shell command is its text.
+               {{"run_id", c.run_id}, {"command", c.exec_form ? nlohmann::json(c.argv) : nlohmann::json(c.command)},
+                {"user", c.user}, {"workdir", c.workdir},
                 {"on_exit", OnExitName(c.on_exit)}, {"mode", options_.mode},
                 {"spotvisor_pid", getpid()}});
   if (options_.notifier) {
@@ -767,17 +773,17 @@ void Supervisor::StartRestore() {
         }
         std::string cleaned;
         if (r->stale_temps_removed > 0) {
-          cleaned += fmt::format("; removed {} temporary file(s) ({:.1f} MiB) of an earlier restore that was cut off",
-                                 r->stale_temps_removed, static_cast<double>(r->stale_temp_bytes) / (1 << 20));
+          cleaned += fmt::format("; removed {} temporary file(s) ({}) of an earlier restore that was cut off",
+                                 r->stale_temps_removed, FormatBytes(r->stale_temp_bytes));
         }
         if (r->stale_dropped > 0) {
-          cleaned += fmt::format("; deleted {} stale local cop(ies) of files the commit replaces ({:.1f} MiB) first, "
+          cleaned += fmt::format("; deleted {} stale local cop(ies) of files the commit replaces ({}) first, "
                                  "the disk had no room for both",
-                                 r->stale_dropped, static_cast<double>(r->stale_dropped_bytes) / (1 << 20));
+                                 r->stale_dropped, FormatBytes(r->stale_dropped_bytes));
         }
         logger_.Info("restore.complete",
-                     fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({} bytes) in {:.2f}s{}", r->sequence,
-                                 r->files, r->files_downloaded, r->bytes_downloaded, r->seconds, cleaned),
+                     fmt::format("restored checkpoint #{}: {} file(s), {} downloaded ({}) in {:.2f}s{}", r->sequence,
+                                 r->files, r->files_downloaded, FormatBytes(r->bytes_downloaded), r->seconds, cleaned),
                      {{"sequence", r->sequence}, {"files", r->files}, {"files_downloaded", r->files_downloaded},
                       {"bytes", r->bytes_downloaded}, {"duration_s", r->seconds},
                       {"stale_temps_removed", r->stale_temps_removed}, {"stale_dropped", r->stale_dropped}});
@@ -1163,14 +1169,14 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
   }
   if (committed) {
     double mbps = r->seconds > 0 ? static_cast<double>(r->bytes_uploaded) / 1e6 / r->seconds : 0;
-    std::string how = r->judged_by.empty() ? "" : fmt::format(" [complete by {}{}]", r->judged_by, r->staged ? ", copied first" : "");
+    std::string how = r->judged_by.empty() ? "" : fmt::format(", complete by {}{}", r->judged_by, r->staged ? ", copied first" : "");
     std::string message =
         r->files_uploaded == 0 && r->files_deleted == 0 && r->sequence == 0
             ? fmt::format("{} sync: nothing to upload yet", kind)
         : r->files_uploaded == 0 && r->files_deleted == 0
-            ? fmt::format("{} sync: nothing new to upload ({} file(s) as in commit #{})", kind, r->files_total, r->sequence)
-            : fmt::format("{} sync #{}: {} of {} file(s) uploaded, {} bytes in {:.2f}s ({:.1f} MB/s){}", kind, r->sequence,
-                          r->files_uploaded, r->files_total, r->bytes_uploaded, r->seconds, mbps, how);
+            ? fmt::format("{} sync: nothing new since commit #{} ({} file(s))", kind, r->sequence, r->files_total)
+            : fmt::format("{} sync #{}: {} of {} file(s), {} in {:.2f}s ({}){}", kind, r->sequence,
+                          r->files_uploaded, r->files_total, FormatBytes(r->bytes_uploaded), r->seconds, FormatRate(mbps * 1e6), how);
     logger_.Info("sync.complete", message,
                  {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
                   {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},

@@ -322,7 +322,7 @@ void Judge_::JudgeLoose(Unit& u, int non_log_files) const {
   if (f_.marker_ns) {
     if (newer.empty() && ties.empty() && open.empty()) {
       u.take = true;
-      u.rule = running ? "marker" : "final";
+      u.rule = running ? "marker" : "exited";
       return;
     }
     if (newer.empty() && open.empty() && running && f_.now_ns - newest >= std::max(f_.settle_ns, kTieFloorNs)) {
@@ -352,7 +352,7 @@ void Judge_::JudgeLoose(Unit& u, int non_log_files) const {
     case Trainer::kCompleted:
     case Trainer::kExited:
       u.take = true;
-      u.rule = "final";
+      u.rule = "exited";
       return;
     case Trainer::kKilled: {
       // Died of a signal: the files are a whole state only if none changed
@@ -362,7 +362,7 @@ void Judge_::JudgeLoose(Unit& u, int non_log_files) const {
       auto window = std::max(f_.settle_ns, kTieFloorNs);
       if (ended_ - newest >= window) {
         u.take = true;
-        u.rule = "final";
+        u.rule = "exited";
         return;
       }
       if (non_log_files == 1 && u.files.size() == 1 && u.files.front()->format == Format::kWhole) {
@@ -419,7 +419,7 @@ Verdict Judge_::Run() {
   Verdict v;
   if (f_.trainer == Trainer::kCompleted) {
     v.complete = v.whole = true;
-    v.by = "final";
+    v.by = "exited";
     for (auto const& file : f_.files) v.take.push_back(file.rel);
     return v;
   }
@@ -533,7 +533,7 @@ Verdict Judge_::Run() {
   std::sort(v.keep.begin(), v.keep.end());
   if (!any_held) {
     v.complete = v.whole = true;
-    v.by = loose_taken_changed ? loose_rule : (f_.trainer == Trainer::kRunning ? "saves" : "final");
+    v.by = loose_taken_changed ? loose_rule : (f_.trainer == Trainer::kRunning ? "saves" : "exited");
     // Logs still open are not taken: the tree is not "whole", but nothing
     // that is a save was held.
     v.whole = std::none_of(logs.begin(), logs.end(),

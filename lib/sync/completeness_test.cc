@@ -152,7 +152,7 @@ TEST_CASE("a trainer killed by a signal: only what was settled before it died, o
     t.f.files[1].mtime_ns = kNow - 5 * kS;  // so the last change came 3.5 s before the death
     auto v = t.Judge();
     CHECK(v.complete);
-    CHECK(v.by == "final");
+    CHECK(v.by == "exited");
   }
   SECTION("a zero sync-settle still waits 2 s before a death: a signal can cut a save that had no pause") {
     t.f.settle_ns = 0;
@@ -170,7 +170,7 @@ TEST_CASE("a trainer killed by a signal: only what was settled before it died, o
   }
   SECTION("exited on its own with an error: taken as it is") {
     t.Trainer(Trainer::kExited, 0);
-    CHECK(t.Judge().by == "final");
+    CHECK(t.Judge().by == "exited");
   }
   SECTION("a file whose own format says it is cut short is never taken, even after an exit with an error") {
     t.Trainer(Trainer::kExited, 0);

@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "common/units.h"
 #include "common/parallel_for.h"
 #include "common/strings.h"
 #include "storage/crc32c.h"
@@ -420,7 +421,6 @@ Status SyncEngine::DownloadCommit(const Manifest& manifest, FileMap& restored, R
 // left to download, what earlier restores set aside, and the local files
 // the commit does not name.
 std::string SyncEngine::InTheWay(const Manifest& m) const {
-  auto mib = [](std::uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); };
   std::uint64_t need = 0;
   std::set<std::string> named;
   for (auto const& e : m.files) {
@@ -434,12 +434,12 @@ std::string SyncEngine::InTheWay(const Manifest& m) const {
   struct statvfs vfs {};
   if (statvfs(o_.checkpoint_dir.c_str(), &vfs) == 0) {
     out += fmt::format(" {} free on the disk of {}, {} still to restore;",
-                       mib(static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize), Escaped(o_.checkpoint_dir), mib(need));
+                       FormatBytes(static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize), Escaped(o_.checkpoint_dir), FormatBytes(need));
   }
   auto aside = TreeBytes(o_.checkpoint_dir + "/" + kSetAsideDir);
   if (aside > 0) {
     out += fmt::format(" {} in {}/{}, set aside by earlier restores (look at them, then delete what you do not need);",
-                       mib(aside), Escaped(o_.checkpoint_dir), kSetAsideDir);
+                       FormatBytes(aside), Escaped(o_.checkpoint_dir), kSetAsideDir);
   }
   if (auto scan = ScanTree(o_.checkpoint_dir); scan.ok()) {
     std::vector<std::pair<std::uint64_t, std::string>> extra;
@@ -453,9 +453,9 @@ std::string SyncEngine::InTheWay(const Manifest& m) const {
       std::sort(extra.rbegin(), extra.rend());
       std::string names;
       for (std::size_t i = 0; i < extra.size() && i < 3; ++i) {
-        names += fmt::format("{}\"{}\" {}", i ? ", " : "", Escaped(extra[i].second), mib(extra[i].first));
+        names += fmt::format("{}\"{}\" {}", i ? ", " : "", Escaped(extra[i].second), FormatBytes(extra[i].first));
       }
-      out += fmt::format(" {} local file(s) the commit does not name hold {} (largest: {});", extra.size(), mib(extra_bytes),
+      out += fmt::format(" {} local file(s) the commit does not name hold {} (largest: {});", extra.size(), FormatBytes(extra_bytes),
                          names);
     }
   }

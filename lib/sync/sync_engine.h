@@ -160,7 +160,7 @@ struct SyncStats {
   bool deferred = false;   // nothing committed: the tree was still being written
   bool staged = false;     // the committed snapshot was copied locally first
   // Why the tree counted as complete (sync/completeness.h): "marker",
-  // "settle", "one-file", "saves", "final"; "unchanged" when nothing changed.
+  // "settle", "one-file", "saves", "exited" (the trainer has exited: nothing writes any more); "unchanged" when nothing changed.
   std::string judged_by;
   // Saves that were not whole and kept their committed version (or stayed
   // out): one line each, for the one event that says so.

@@ -205,7 +205,7 @@ class CheckpointTest(SpotvisorTestCase):
             self.assertGreaterEqual(seq, last, "never rolled back")
             last = seq
         self.assertFalse(p.find("sync.complete", kind="periodic", judged_by="settle"))
-        self.assertEqual([e["judged_by"] for e in p.find("sync.complete", kind="final")], ["final"])
+        self.assertEqual([e["judged_by"] for e in p.find("sync.complete", kind="final")], ["exited"])
 
     def test_hugging_face_rotation_never_fails_a_sync_and_commits_whole_checkpoint_dirs(self):
         stop = threading.Event()

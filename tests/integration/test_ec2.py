@@ -59,7 +59,7 @@ class Ec2Test(SpotvisorTestCase):
         self.assertIn("EC2 Spot interruption notice", notice["message"])
         self.assertGreater(notice["ends_in_s"], 100)
         # The final sync's deadline is the notice's time (less preemption-window's margin), not GCE's 30 s.
-        syncing = [e for e in p.find("supervisor.state") if e.get("state") == "syncing"][-1]
+        syncing = [e for e in p.find("supervisor.state") if e.get("to") == "syncing"][-1]
         self.assertGreater(syncing["deadline_s"], 60)
         self.assertLess(syncing["deadline_s"], 120)
         self.assertEqual(p.wait_event("run.end")["reason"], "preempted")

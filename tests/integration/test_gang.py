@@ -259,7 +259,7 @@ class GangTest(GangTestCase):
         with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
             f.write("0")
         procs[1].wait_event("gang.done")
-        procs[1].wait_event("supervisor.state", state="gang-waiting")
+        procs[1].wait_event("supervisor.state", to="gang-waiting")
         # The others see it waiting for them.
         wait_until(lambda: phases(0) == ["running", "gang-waiting", "running"], what="vm-1 shown gang-waiting on vm-0")
         with open(os.path.join(self.out, "exit-all"), "w") as f:
@@ -450,7 +450,7 @@ class GangTest(GangTestCase):
             self.env_of(f"vm-{k}")
         with open(os.path.join(self.out, "exit-vm-1"), "w") as f:
             f.write("0")
-        procs[1].wait_event("supervisor.state", state="gang-waiting")
+        procs[1].wait_event("supervisor.state", to="gang-waiting")
         # Rank 0 is busy for more than twice gang-form-timeout.
         procs[1].wait_event("gang.still_waiting", timeout=30)
         wait_until(lambda: len(procs[1].find("gang.still_waiting")) >= 2, timeout=30, what="two gang-form-timeouts")

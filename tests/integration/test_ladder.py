@@ -132,7 +132,7 @@ class GuestAttributesTest(SpotvisorTestCase):
         self.assertEqual(self.guest("phase"), "done", "the last state is sent before spotvisor exits")
         self.assertEqual(self.guest("reason"), "stopped")
         self.assertEqual(self.guest("trainer_pid"), "")
-        self.assertIn("supervisor.state", self.guest("last_event"))
+        self.assertRegex(self.guest("last_event"), r"^supervisor\.state: \S+ -> \S+: ")
 
     def test_failures_to_write_them_are_logged_once_and_not_fatal(self):
         self.metadata.fault("status", code=403, path_prefix="instance/guest-attributes")

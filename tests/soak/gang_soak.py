@@ -287,7 +287,7 @@ class Run:
             rank0 = self.members["vm-0"]
             self.clear_envs()
             self.members[others[0]]["metadata"].set("instance/preempted", "TRUE")
-            rank0["proc"].wait_event("supervisor.state", timeout=60, state="syncing")
+            rank0["proc"].wait_event("supervisor.state", timeout=60, to="syncing")
             time.sleep(rng.uniform(0, 0.05))
             self.kill9(rank0)
             self.members[others[0]]["proc"].wait_exit(timeout=60)
