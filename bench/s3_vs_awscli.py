@@ -28,6 +28,7 @@ usage: /usr/bin/python3 bench/s3_vs_awscli.py [--scale 1] [--repeat 3] [--only u
 """
 import argparse
 import json
+import resource
 import os
 import shutil
 import signal
@@ -48,10 +49,17 @@ try:
 except ImportError as e:
     sys.exit(f"bench: {e}")
 
+GiB = 1 << 30
 MiB = 1 << 20
 BUCKET = "bench-ckpt"
 AKID, SECRET = "AKIABENCHMARK000001", "bench/secret/0123456789abcdefghijklmnop"
 TOOLS = ("spotvisor", "aws")
+
+
+def children_cpu():
+    """CPU seconds (user + system) of the waited-for children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def make_set(root, big_sizes, small_count, small_size):
@@ -124,29 +132,33 @@ class Bench:
         log = self.logfile(f"spotvisor-{run_id}")
         state = tempfile.mkdtemp(prefix="state-", dir=self.work)
         os.sync()
+        cpu0 = children_cpu()
         t0 = time.monotonic()
         with open(log, "wb") as out:
             code = subprocess.call(self.argv(run_id, ckpt, state, ["true"]), stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, env=self.env, timeout=1800)
         wall = time.monotonic() - t0
+        cpu = children_cpu() - cpu0
         shutil.rmtree(state, True)
         found = [e for e in events(log) if e["event"] == event and all(e.get(k) == v for k, v in match.items())]
         if code != 0 or not found:
             raise RuntimeError(f"spotvisor exited {code}, {event}: {bool(found)} (log {log})")
-        return wall, found[-1].get("duration_s")
+        return wall, found[-1].get("duration_s"), cpu
 
     def aws(self, *argv):
         log = self.logfile("aws")
         os.sync()
+        cpu0 = children_cpu()
         t0 = time.monotonic()
         with open(log, "wb") as out:
             code = subprocess.call([self.args.aws, "--endpoint-url", self.s3.endpoint, "--no-progress", "s3"]
                                    + list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    env=self.aenv, timeout=1800)
         wall = time.monotonic() - t0
+        cpu = children_cpu() - cpu0
         if code != 0:
             raise RuntimeError(f"aws exited {code} (log {log})")
-        return wall, None
+        return wall, None, cpu
 
     def delete_prefix(self, prefix):
         for key in list(self.s3.objects(BUCKET, prefix)):
@@ -180,7 +192,7 @@ class Daemon:
         if self.find("sync.failed"):
             raise RuntimeError(f"sync.failed (log {self.log})")
         e = self.find("sync.complete", kind="on-demand")[-1]
-        return log_time_s(e["time"]) - t0, e.get("duration_s")
+        return log_time_s(e["time"]) - t0, e.get("duration_s"), None
 
     def stop(self):
         if self.proc.poll() is None:
@@ -215,6 +227,8 @@ def main():
     small_count = max(4, int(512 * args.scale))
     noop_count = max(20, int(10000 * args.scale))
     rows = {}
+    cpus = {}
+    size = 0
     work = tempfile.mkdtemp(prefix="bench-s3-", dir=args.tmp)
     s3 = FakeS3Server(buckets=[BUCKET], credentials={AKID: SECRET}).start()
     md = FakeMetadataServer(host="127.0.0.1", port=0).start()
@@ -223,9 +237,12 @@ def main():
     print(f"machine: {B.machine()}; spotvisor {B.build_type(args.spotvisor)}; {aws_version}; scale {args.scale}",
           flush=True)
 
-    def record(scenario, tool, wall, own):
+    def record(scenario, tool, wall, own, cpu=None):
         rows.setdefault(scenario, {}).setdefault(tool, []).append((wall, own))
+        if cpu is not None:
+            cpus.setdefault(scenario, {}).setdefault(tool, []).append(cpu)
         extra = f", own {own:.3f} s" if own is not None else ""
+        extra += f", CPU {cpu:.2f} s" if cpu is not None else ""
         print(f"  {scenario:8} {tool:9} wall {wall:.3f} s{extra}", flush=True)
 
     try:
@@ -269,7 +286,7 @@ def main():
                 for rep in range(args.repeat):
                     for tool in order(rep):
                         n0 = s3.hits()
-                        wall, own = d.sync() if tool == "spotvisor" else b.aws("sync", src, f"s3://{BUCKET}/aws/noop")
+                        wall, own, _ = d.sync() if tool == "spotvisor" else b.aws("sync", src, f"s3://{BUCKET}/aws/noop")
                         record("noop", tool, wall, own)
                         print(f"           ({s3.hits() - n0} requests)", flush=True)
             finally:
@@ -289,6 +306,16 @@ def main():
         print(f"  {scenario:8} spotvisor {sv:8.3f} s{own_s}   aws {aw:8.3f} s   ratio {aw / sv:5.2f}x")
         out[scenario] = {"spotvisor_wall_s": sv, "spotvisor_own_s": statistics.median(own) if own else None,
                          "aws_wall_s": aw}
+    if cpus and size:
+        # The processes' own CPU (user + system, children included: aws-cli's
+        # Python, spotvisor's threads), per GiB moved: what a trainer beside
+        # them loses.
+        print("CPU per GiB moved (medians; ratio = aws / spotvisor)")
+        for scenario, tools in cpus.items():
+            sv = statistics.median(tools.get("spotvisor", [float("nan")])) / (size / GiB)
+            aw = statistics.median(tools.get("aws", [float("nan")])) / (size / GiB)
+            print(f"  {scenario:8} spotvisor {sv:6.2f} s/GiB   aws {aw:6.2f} s/GiB   ratio {aw / sv:5.2f}x")
+            out.setdefault(scenario, {}).update({"spotvisor_cpu_s_per_gib": sv, "aws_cpu_s_per_gib": aw})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"scale": args.scale, "repeat": args.repeat, "rows": out}, f, indent=1)

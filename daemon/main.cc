@@ -18,6 +18,7 @@
 #include "app/runs_command.h"
 #include "app/status_command.h"
 #include "common/duration.h"
+#include "common/memory.h"
 #include "common/strings.h"
 #include "config/config_file.h"
 #include "config/keys.h"
@@ -405,6 +406,7 @@ int GangHost() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spotvisor::ConfigureMemory();
   Args a;
   if (int rc = Parse(argc, argv, a); rc >= 0) return rc;
   if (a.command == "version") {

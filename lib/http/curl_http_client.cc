@@ -93,9 +93,10 @@ class CurlHttpClient final : public HttpClient {
     curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
     if (request.method == "HEAD") curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    if (!request.body.empty() || request.method == "POST" || request.method == "PUT") {
-      curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
-      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    if (!request.Body().empty() || request.method == "POST" || request.method == "PUT") {
+      // Not CURLOPT_COPYPOSTFIELDS: the bytes are sent from where they are.
+      curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.Body().data());
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.Body().size()));
     }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers.get());
     BodyTarget target{&response, &request};

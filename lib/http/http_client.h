@@ -23,6 +23,11 @@ struct HttpRequest {
   std::string url;
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // When set, the body is these bytes instead of `body`, borrowed: they
+  // must outlive Perform. An upload's part goes out of the buffer it was
+  // read into, not through a copy of it.
+  std::string_view borrowed_body;
+  std::string_view Body() const { return borrowed_body.data() != nullptr ? borrowed_body : std::string_view(body); }
   std::chrono::milliseconds timeout{30'000};
   std::chrono::milliseconds connect_timeout{5'000};
   // When set, a 2xx response body is handed over in pieces instead of being

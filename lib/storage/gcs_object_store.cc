@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/buffer_pool.h"
 #include "common/parallel_for.h"
 #include "common/strings.h"
 #include "output/utf8.h"
@@ -371,7 +372,8 @@ class GcsObjectStore final : public ObjectStore {
     Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
     if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
 
-    std::string buf;         // one chunk, reused
+    PooledBuffer pooled;     // one chunk, reused, and kept for the next upload
+    std::string& buf = *pooled;
     std::size_t offset = 0;  // what the server has persisted
     std::uint32_t crc = 0;   // crc32c of bytes [0, crc_upto)
     std::size_t crc_upto = 0;

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "common/buffer_pool.h"
 #include "common/parallel_for.h"
 #include "common/strings.h"
 #include "log/logger.h"
@@ -219,7 +220,9 @@ class S3ObjectStore final : public ObjectStore {
                               bool sign_payload = true) {
     bool region_retried = false, token_retried = false;
     HttpRequest req;
-    req.body.assign(body.data(), body.size());
+    // Borrowed: Call returns before the caller's bytes go (a part's 8 MiB
+    // are not copied again).
+    req.borrowed_body = body.data() != nullptr ? body : std::string_view("", 0);
     std::string payload_hash = sign_payload ? Sha256Hex(body) : std::string(kUnsignedPayload);
     for (;;) {
       auto creds = creds_->Get(ctx);
@@ -429,7 +432,8 @@ class S3ObjectStore final : public ObjectStore {
       if (!slot.status().ok()) return slot.status();
       std::uint64_t off = i * part;
       std::size_t len = static_cast<std::size_t>(std::min(part, size - off));
-      std::string buf;
+      PooledBuffer pooled;  // kept for the next part: no fresh 8 MiB per part
+      std::string& buf = *pooled;
       auto st = Retry(ctx, [&]() -> Status {
         Fd f{open(path.c_str(), O_RDONLY | O_CLOEXEC)};
         if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);

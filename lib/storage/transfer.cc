@@ -66,10 +66,13 @@ BlockWriter::BlockWriter(int fd, std::uint64_t offset, const std::string& path, 
 
 Status BlockWriter::Write(std::string_view data) {
   while (!data.empty()) {
-    // Not value-initialised: every byte is copied in before it is written.
-    if (!buf_) buf_.reset(new char[cap_]);
+    if (!buf_) {
+      buf_.emplace();
+      // A pooled buffer was mapped before: its zero fill touches no new pages.
+      if ((*buf_)->size() < cap_) (*buf_)->resize(cap_);
+    }
     std::size_t n = std::min(cap_ - fill_, data.size());
-    std::memcpy(buf_.get() + fill_, data.data(), n);
+    std::memcpy((*buf_)->data() + fill_, data.data(), n);
     fill_ += n;
     data.remove_prefix(n);
     if (fill_ == cap_) {
@@ -83,7 +86,7 @@ Status BlockWriter::Flush() {
   if (fill_ == 0) return OkStatus();
   std::unique_lock<std::mutex> lk;
   if (file_mu_) lk = std::unique_lock<std::mutex>(*file_mu_);
-  auto s = WriteAt(fd_, next_, std::string_view(buf_.get(), fill_), path_);
+  auto s = WriteAt(fd_, next_, std::string_view((*buf_)->data(), fill_), path_);
   // Start writing the block to disk now (asynchronously), so the disk works
   // while the rest comes in and the fsync at the end waits only for the
   // last blocks. Left to the kernel, writeback starts only past

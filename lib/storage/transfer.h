@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/buffer_pool.h"
 #include "common/cancel.h"
 #include "common/status.h"
 #include "http/http_client.h"
@@ -54,7 +55,8 @@ StatusOr<int> CreateForRanges(const std::string& path, std::uint64_t size);
 // user space: ext4 serialises buffered writes to a file on its inode lock
 // anyway, and the lock's waiters spin on the CPU the writer needs (perf on
 // a 4 GiB restore with 4 ranges: a third of its time), where a mutex's
-// waiters sleep. Memory: one block per writer, allocated on first use.
+// waiters sleep. Memory: one block per writer, taken from the transfer
+// buffer pool on first use and given back with the writer.
 class BlockWriter {
  public:
   static constexpr std::size_t kMaxBlock = 4 << 20;
@@ -75,7 +77,7 @@ class BlockWriter {
   const std::string& path_;
   std::mutex* file_mu_;
   std::size_t cap_;
-  std::unique_ptr<char[]> buf_;
+  std::optional<PooledBuffer> buf_;  // from BufferPool::Transfers(): no fresh pages per file
   std::size_t fill_ = 0;
 };
 

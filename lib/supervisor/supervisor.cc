@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/duration.h"
+#include "common/memory.h"
 #include "common/units.h"
 #include "log/logger.h"
 #include "output/utf8.h"
@@ -229,6 +230,7 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       watchdog_timer_(io),
       report_timer_(io),
       stall_timer_(io),
+      memory_timer_(io),
       claim_timer_(io),
       durability_(options_.sync ? options_.config.sync_alert_after : std::chrono::milliseconds(0)) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
@@ -743,6 +745,7 @@ void Supervisor::StartRestore() {
         return;
       }
       restored_ = true;
+      ScheduleMemoryRelease();
       if (!r->done) {
         // The bucket holds what the trainer starts from (or, with newer
         // local files kept, held them before this boot).
@@ -1122,8 +1125,17 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   });
 }
 
+void Supervisor::ScheduleMemoryRelease() {
+  memory_timer_.expires_after(kMemoryReleaseDelay);
+  memory_timer_.async_wait([this](boost::system::error_code ec) {
+    // A sync still running keeps the buffers it holds; its end schedules again.
+    if (!ec && !sync_in_flight_) ReleaseFreeMemory();
+  });
+}
+
 void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<SyncStats>& r, const Status& done,
                             const SyncOutcome& outcome) {
+  ScheduleMemoryRelease();
   if (kind == "periodic" || kind == "on-demand") {
     sync_in_flight_ = false;
     periodic_cancel_.reset();
@@ -1458,6 +1470,7 @@ void Supervisor::Exit(int code) {
   watchdog_timer_.cancel();
   report_timer_.cancel();
   stall_timer_.cancel();
+  memory_timer_.cancel();
   for (auto& o : observers_) o->Close();
   compute_sleeper_.Cancel();
   io_.stop();

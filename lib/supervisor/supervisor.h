@@ -168,6 +168,12 @@ class Supervisor {
   boost::asio::steady_timer watchdog_timer_;
   boost::asio::steady_timer report_timer_;
   boost::asio::steady_timer stall_timer_;
+  // Gives the transfer buffers back once no sync has ended for
+  // kMemoryReleaseDelay (common/memory.h): syncs close together reuse
+  // them, an idle daemon holds none.
+  boost::asio::steady_timer memory_timer_;
+  static constexpr std::chrono::seconds kMemoryReleaseDelay{10};
+  void ScheduleMemoryRelease();
   boost::asio::steady_timer claim_timer_;
   std::atomic<bool> claim_released_{false};
   bool boot_begun_ = false;  // the boot record was begun (StartRestore, once)
