@@ -1177,6 +1177,10 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
                    {{"path", name}});
     }
     if (!r->settle_warning.empty()) logger_.Warn("sync.settle_defeated", r->settle_warning, {{"kind", kind}});
+    if (!r->not_staged.empty() && !not_staged_said_) {
+      not_staged_said_ = true;  // once a run: it says how every later sync works on this disk
+      logger_.Log(LogEvent{Severity::kNotice, "sync.not_staged", r->not_staged, {{"kind", kind}}});
+    }
     if (!r->state_warning.empty()) logger_.Warn("sync.state_not_saved", r->state_warning);
   }
   if (committed) {

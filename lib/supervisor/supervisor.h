@@ -172,6 +172,7 @@ class Supervisor {
   // kMemoryReleaseDelay (common/memory.h): syncs close together reuse
   // them, an idle daemon holds none.
   boost::asio::steady_timer memory_timer_;
+  bool not_staged_said_ = false;  // sync.not_staged, once a run
   static constexpr std::chrono::seconds kMemoryReleaseDelay{10};
   void ScheduleMemoryRelease();
   boost::asio::steady_timer claim_timer_;

@@ -131,7 +131,12 @@ class ProgressMeter {
 
 StatusOr<std::uint32_t> FileCrc32c(const std::string& path);
 // Copies src to dst (created), in the kernel where it can.
+// copy_file_range, else read/write.
 Status CopyFile(const std::string& src, const std::string& dst);
+// A reflink (FICLONE: btrfs, XFS with reflink): dst shares src's blocks
+// and takes no room until either changes. False where the file system
+// cannot (dst is then removed).
+bool CloneFile(const std::string& src, const std::string& dst);
 // Creates dir/a/b/... for `rel`'s parent, refusing to pass through a symlink;
 // new directories are given to the trainer's user.
 Status MakeParentsNoSymlinks(const std::string& dir, const std::string& rel, const SyncOptions& o);

@@ -1,4 +1,6 @@
 #include "sync/sync_engine.h"
+
+#include "common/units.h"
 #include "sync/engine_internal.h"
 #include "sync/completeness.h"
 #include "sync/file_facts.h"
@@ -344,6 +346,24 @@ void SyncEngine::CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncSt
   }
 }
 
+std::string SyncEngine::StagingRoom(const std::string& root, std::uint64_t more) const {
+  std::optional<std::uint64_t> known;
+  if (o_.free_bytes) {
+    known = o_.free_bytes(root);
+  } else if (struct statvfs vfs {}; statvfs(root.c_str(), &vfs) == 0) {
+    known = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  if (!known) return "";  // cannot tell: the copy's own ENOSPC still stops it
+  auto free = *known;
+  auto need = largest_save_ + largest_save_ / 4;
+  auto left = free > more ? free - more : 0;
+  if (left >= need) return "";
+  return fmt::format("not copying the checkpoint to stage it: that would leave {} free on the checkpoint disk, less "
+                     "than the trainer's largest save so far ({}) and a quarter more; uploading the files in place "
+                     "and taking a new snapshot if they change",
+                     FormatBytes(left), FormatBytes(largest_save_));
+}
+
 StatusOr<SyncStats> SyncEngine::Sync(bool final, const CallContext& ctx) {
   // Kept for callers that only know "final or not": a final sync after a
   // clean exit takes the tree as it is.
@@ -514,6 +534,7 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       at_risk.files = static_cast<int>(all_changed.size()) + gone;
     }
     for (auto const* e : all_changed) at_risk.bytes += e->st.size;
+    largest_save_ = std::max(largest_save_, at_risk.bytes);
     if (!verdict.complete) {
       stats.uncommitted = at_risk;
       stats.deferred = true;
@@ -570,6 +591,10 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
       std::error_code ec;
       fs::remove_all(staging_root, ec);
       Status copied;
+      bool clones = true;  // until a reflink fails: then every copy takes room
+      bool room_checked = false;
+      std::uint64_t still_to_copy = 0;
+      for (auto const* e : changed) still_to_copy += e->st.size;
       for (auto const* e : changed) {
         auto dst = fmt::format("{}/{}", staging_root, e->rel);
         fs::create_directories(fs::path(dst).parent_path(), ec);
@@ -577,7 +602,25 @@ StatusOr<SyncStats> SyncEngine::Sync(SyncKind kind, const CallContext& ctx) {
           copied = ErrnoToStatus(ec.value(), "creating " + Escaped(fs::path(dst).parent_path().string()));
           break;
         }
-        copied = CopyFile(root + "/" + e->rel, dst);
+        bool cloned = false;
+        if (clones) {
+          cloned = CloneFile(root + "/" + e->rel, dst);
+          clones = cloned;
+        }
+        if (!cloned) {
+          // Real copies take room: only with room left, after all of them,
+          // for the trainer's next save.
+          if (!room_checked) {
+            room_checked = true;
+            if (auto room = StagingRoom(root, still_to_copy); !room.empty()) {
+              copied = FailedPreconditionError(room);
+              stats.not_staged = room;
+              break;
+            }
+          }
+          copied = CopyFile(root + "/" + e->rel, dst);
+        }
+        still_to_copy -= std::min<std::uint64_t>(still_to_copy, e->st.size);
         if (!copied.ok()) break;
         source[e->rel] = dst;
       }

@@ -93,6 +93,9 @@ struct SyncOptions {
   int warn_after_deferrals = 3;
   // Tests only switch this off to prove the open-for-writing check matters.
   bool check_open_files = true;
+  // Free bytes on the file system holding `dir` (null: statvfs; nullopt:
+  // cannot tell). Decides whether a staged copy leaves the trainer room.
+  std::function<std::optional<std::uint64_t>(const std::string& dir)> free_bytes;
   // A gang (gang-checkpoint = leader): every member starts from the
   // bucket's commit, whatever this disk holds that is newer. Ranks that
   // resumed from different saves would disagree; changed local files are
@@ -159,6 +162,9 @@ struct SyncStats {
   int attempts = 0;        // snapshots taken (more than one: the tree changed under an upload)
   bool deferred = false;   // nothing committed: the tree was still being written
   bool staged = false;     // the committed snapshot was copied locally first
+  // Set when a staged copy was wanted but not made because it would leave
+  // the trainer too little room for its next save: why, with the numbers.
+  std::string not_staged;
   // Why the tree counted as complete (sync/completeness.h): "marker",
   // "settle", "one-file", "saves", "exited" (the trainer has exited: nothing writes any more); "unchanged" when nothing changed.
   std::string judged_by;
@@ -333,6 +339,12 @@ class SyncEngine {
   std::atomic<std::int64_t> trainer_ended_ns_{0};
   std::string SettleWarning(const completeness::Verdict& v, bool uses_marker) const;
   int deferrals_ = 0;
+  // The most bytes seen changed since a commit: the trainer's largest save
+  // so far. A staged copy must leave room for another one beside it.
+  std::uint64_t largest_save_ = 0;
+  // "" when the checkpoint disk keeps room for that save and a quarter more
+  // after `more` bytes are written; else why not, for SyncStats::not_staged.
+  std::string StagingRoom(const std::string& root, std::uint64_t more) const;
   bool settle_warned_ = false;
   // The state file's last contents and whether the trainer is running: a
   // restore after spotvisor died with the trainer running cannot trust local

@@ -753,6 +753,70 @@ TEST_CASE("a file that changes during the upload is not committed: a new snapsho
   CHECK_FALSE(fs::exists(d.ckpt + "/" + kStagingDir));
 }
 
+// The staging test above, on a disk of a given free room: a copy is made
+// only if the trainer's largest save so far (and a quarter more) still
+// fits beside it; else the live files are uploaded and the sync still
+// commits the newer save.
+StatusOr<SyncStats> SyncWithASaveMidUpload(std::uint64_t free_bytes, std::string model, std::string optimizer) {
+  Dirs d;
+  FakeClock clock;
+  ClockSleeper sleeper(clock);
+  auto hook = std::make_unique<HookStore>(MakeFileObjectStore(d.bucket + "/run1"));
+  auto* h = hook.get();
+  auto o = Options(d.ckpt);
+  o.sleeper = &sleeper;
+  o.check_open_files = false;
+  o.free_bytes = [&](const std::string& dir) -> std::optional<std::uint64_t> {
+    CHECK(dir == d.ckpt);
+    return free_bytes;
+  };
+  SyncEngine e(std::move(hook), o, clock);
+  REQUIRE(e.Restore().ok());
+  auto save = [&](const std::string& m, const std::string& opt) {
+    Write(d.ckpt + "/model.pt", m);
+    Write(d.ckpt + "/optimizer.pt", opt);
+    Write(d.ckpt + "/" + kCompleteMarker, "");
+    Age(d.ckpt + "/model.pt", clock, 2s);
+    Age(d.ckpt + "/optimizer.pt", clock, 2s);
+    Age(d.ckpt + "/" + kCompleteMarker, clock, 1s);
+  };
+  save(model, optimizer);
+  std::atomic<int> saves{0};
+  h->before_upload = [&](const std::string&) {
+    if (saves++ > 0) return;
+    clock.wall += 5s;
+    save(model + "!", optimizer + "!");
+  };
+  auto s = e.Sync(SyncKind::kPeriodic);
+  if (s.ok() && !s->deferred) {
+    CheckRestores(d, clock, {{"model.pt", model + "!"}, {"optimizer.pt", optimizer + "!"}});
+  }
+  CHECK_FALSE(fs::exists(d.ckpt + "/" + kStagingDir));
+  return s;
+}
+
+TEST_CASE("a staged copy is made only with room left for the trainer's largest save and a quarter more") {
+  const std::string model(600'000, 'm'), optimizer(400'000, 'o');
+  // Saves of 1,000,002 bytes: a copy of that, then 1.25 x the save, must fit.
+  SECTION("room for both") {
+    auto s = SyncWithASaveMidUpload(2'300'000, model, optimizer);
+    REQUIRE(s.ok());
+    CHECK(s->staged);
+    CHECK(s->not_staged.empty());
+  }
+  SECTION("room for the copy but not for the next save beside it") {
+    auto s = SyncWithASaveMidUpload(2'200'000, model, optimizer);
+    REQUIRE(s.ok());
+    CHECK_FALSE(s->deferred);
+    CHECK(s->attempts >= 2);
+    CHECK_FALSE(s->staged);  // the live files were uploaded again, and held still this time
+    CHECK(s->not_staged ==
+          "not copying the checkpoint to stage it: that would leave 1.2 MB free on the checkpoint disk, less than "
+          "the trainer's largest save so far (1.0 MB) and a quarter more; uploading the files in place and taking "
+          "a new snapshot if they change");
+  }
+}
+
 TEST_CASE("rotation: a checkpoint-N/ deleted under the sync is not part of the snapshot, and nothing fails") {
   Dirs d;
   FakeClock clock;
