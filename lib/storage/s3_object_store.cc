@@ -453,11 +453,18 @@ class S3ObjectStore final : public ObjectStore {
       return st;
     });
     // Best effort, and even when `ctx` was cancelled: the parts are billed
-    // until the upload is aborted.
+    // until the upload is aborted. Never past the caller's deadline,
+    // though: after a Spot notice that is the machine being taken, and the
+    // report of what was uploaded comes after this. What is not aborted
+    // here is by the next boot's CheckAccess (after a day) or the bucket's
+    // AbortIncompleteMultipartUpload rule.
     auto abort = [&] {
       CallContext short_ctx;
       short_ctx.clock = o_.clock;
-      short_ctx.deadline = o_.clock->Now() + std::chrono::seconds(5);
+      auto by = o_.clock->Now() + std::chrono::seconds(5);
+      if (ctx.deadline && *ctx.deadline < by) by = *ctx.deadline;
+      if (by <= o_.clock->Now()) return;
+      short_ctx.deadline = by;
       (void)Call("DELETE", Key(name), id_q, {}, "", short_ctx);
     };
     if (!sent.ok()) {

@@ -993,11 +993,16 @@ void StateMachine::NotePreemption(const PreemptionNotice& e, SteadyTime now) {
   // first was the button itself. A notice that says when the machine is
   // taken (EC2) puts the end of the window there.
   auto notice = options_.preemption_notice.count() > 0 ? options_.preemption_notice : options_.preemption_stop_lead;
-  if (e.ends_at) {
-    notice = std::max(std::chrono::milliseconds(0),
-                      std::chrono::duration_cast<std::chrono::milliseconds>(*e.ends_at - options_.preemption_window - now));
-  }
   auto button = now + notice;
+  if (e.ends_at) {
+    // The window ends at the notice's time, however late the notice was
+    // seen (a late poll, a restart, an IMDS outage): the button is that
+    // time less the window, which may be in the past. Clamping it to now
+    // gave a notice seen with 20 s left a final sync ending 7 s after the
+    // machine was taken.
+    button = *e.ends_at - options_.preemption_window;
+    notice = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(button - now));
+  }
   if (!power_button_at_ || button < *power_button_at_) power_button_at_ = button;
   std::string when = notice.count() > 0 ? fmt::format(" (the power button comes in {})", FormatDuration(notice)) : "";
   nlohmann::json f = {{"phase", PhaseName(phase())}};

@@ -1302,6 +1302,31 @@ TEST_CASE("an EC2 interruption notice: SIGINT at once, the final sync must end b
   CHECK(f.deadline - h.now == 107s);  // 120 s - 3 s margin - 10 s gone
 }
 
+TEST_CASE("an EC2 notice seen late: the final sync and the records still end before the notice's time") {
+  auto o = Harness::Options();
+  o.sync = true;
+  o.final_sync_timeout = 10min;
+  o.preemption_window = 120s;  // EC2's two minutes
+  o.final_sync_margin = 3s;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{true, false, false, ""});
+  h.On(TrainerSpawned{100});
+  auto taken = h.now + 20s;  // seen with 20 s left of the two minutes
+  h.On(PreemptionNotice{taken, "EC2 Spot interruption notice (terminate: late)"});
+  CHECK(h.Last("preemption.detected").fields["ends_in_s"] == 20.0);
+  h.now += 2s;
+  h.On(TrainerExited{100, 0, 0});
+  auto actions = h.On(LeftoversGone{});
+  auto const& f = Only<StartFinalSync>(actions);
+  CHECK(f.urgent);
+  CHECK(f.deadline == taken - 3s);  // not now + 120 s - 3 s
+  auto records = h.machine.RecordsDeadline(h.now);
+  REQUIRE(records);
+  CHECK(*records <= taken - 1s);
+  CHECK(*records > f.deadline);
+}
+
 TEST_CASE("an EC2 notice already past still gives no negative budget") {
   auto o = Harness::Options();
   o.sync = true;

@@ -71,6 +71,30 @@ class Ec2Test(SpotvisorTestCase):
         self.assertFalse(p.find("shutdown.start"), "no on-exit after an interruption notice")
         self.assertTrue(self.imds.hits("/latest/api/token"), "IMDSv2: a session token first")
 
+    def test_a_notice_seen_late_is_kept_even_by_a_hanging_store_and_the_report_is_written(self):
+        # Seen with 12 s left of the two minutes (a late poll, a restart, an IMDS outage), on a
+        # store whose part uploads and aborts hang: every step after the notice (the final sync,
+        # the multipart abort, the report, run.end) must end before the notice's time, less the margin.
+        p = self.vm([])
+        p.wait_trainer_ready()
+        with open(self.path("ckpt/model.pt"), "wb") as f:
+            f.write(os.urandom(40 << 20))  # a multipart upload
+        self.s3.fault("upload_part", delay=60, count=None)
+        self.s3.fault("abort", delay=60, count=None)
+        when = utc_in(12)
+        self.imds.set_instance_action("terminate", when)
+        p.wait_exit(30)
+        ended = datetime.datetime.now(datetime.timezone.utc)
+        self.assertLess(ended, when - datetime.timedelta(seconds=1), "spotvisor exited before the instance is taken")
+        notice = p.wait_event("preemption.detected")
+        self.assertLess(notice["ends_in_s"], 13)
+        syncing = [e for e in p.find("supervisor.state") if e.get("to") == "syncing"][-1]
+        self.assertLess(syncing["deadline_s"], 12, "the notice's time decides, not now + preemption-window")
+        failed = p.find("sync.timeout") + p.find("sync.failed")
+        self.assertTrue(failed, "the report of the final sync")
+        self.assertIn("model.pt", failed[-1]["message"], "names what did not make it")
+        self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
+
     def test_a_rebalance_recommendation_syncs_without_stopping(self):
         os.makedirs(self.path("ckpt"))
         with open(self.path("ckpt/w"), "w") as f:
