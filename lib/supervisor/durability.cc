@@ -76,7 +76,10 @@ std::optional<SteadyTime> DurabilityTracker::NextCheck() const {
 }
 
 std::string DurabilityTracker::Cause(SteadyTime now) const {
-  if (in_flight_since_ && now - *in_flight_since_ >= alert_after_ / 2) {
+  // Only a sync running for the whole window can be said to have moved
+  // nothing in it (a sync of 1.9 s was once said to have moved nothing
+  // "in the last 15s").
+  if (in_flight_since_ && now - *in_flight_since_ >= std::max<std::chrono::steady_clock::duration>(alert_after_ / 2, Window())) {
     return fmt::format("a sync has been running for {} and has moved {} in the last {} (a slow or hung upload; see "
                        "sync.* events)",
                        Roughly(now - *in_flight_since_),

@@ -96,6 +96,15 @@ TEST_CASE("the stall names a sync that has been running too long, else the last 
   d3.CaughtUp(t0, w0, t0);
   REQUIRE(d3.Check(t0 + 10min, std::nullopt));
   CHECK(d3.cause().find("no sync has caught up") != std::string::npos);
+  // A short sync-alert-after: a sync younger than the progress window is
+  // running, not "moving nothing in the last 15s".
+  DurabilityTracker d4(3s);
+  d4.CaughtUp(t0, w0, t0);
+  d4.SyncInFlight(t0 + 1100ms);
+  REQUIRE(d4.Check(t0 + 3s, std::nullopt));
+  CHECK(d4.cause() == "a sync is running (for 1.9s)");
+  REQUIRE(d4.Check(t0 + 16100ms, std::nullopt));  // ERROR at twice the limit, the sync 15 s old
+  CHECK(d4.cause().find("a sync has been running for 15s and has moved nothing in the last 15s") == 0);
 }
 
 // Issue #32: a 1.5 GiB upload at 40 MB/s with sync-interval 5s paged people:
