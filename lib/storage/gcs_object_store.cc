@@ -418,6 +418,7 @@ class GcsObjectStore final : public ObjectStore {
         if (auto st = ReadAt(f.fd, base + offset, std::min(o_.chunk_bytes, size - offset), buf); !st.ok()) {
           return Status(st.code(), st.message() + " " + path);
         }
+        if (auto st = StillNamed(f.fd, path); !st.ok()) return st;  // let a replaced save go now
         const std::string* chunk = &buf;
         if (chunk->empty() || (offset + chunk->size() < size && chunk->size() % kQuantum != 0)) {
           return FailedPreconditionError(path + " changed size while being uploaded");

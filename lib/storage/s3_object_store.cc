@@ -439,6 +439,7 @@ class S3ObjectStore final : public ObjectStore {
         if (f.fd < 0) return ErrnoToStatus(errno, "opening " + path);
         if (auto s = ReadAt(f.fd, off, len, buf); !s.ok()) return Status(s.code(), s.message() + " " + path);
         if (buf.size() != len) return FailedPreconditionError(path + " changed size while being uploaded");
+        if (auto s = StillNamed(f.fd, path); !s.ok()) return s;  // let a replaced save go now
         std::uint32_t crc = Crc32c(buf);
         auto r = Call("PUT", Key(name), fmt::format("partNumber={}&{}", i + 1, id_q),
                       {{"x-amz-checksum-crc32c", Crc32cToBase64(crc)}}, buf, ctx, {}, /*sign_payload=*/false);

@@ -1,6 +1,7 @@
 #include "storage/transfer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,15 @@ Status ReadAt(int fd, std::uint64_t offset, std::size_t max, std::string& buf) {
     got += static_cast<std::size_t>(n);
   }
   buf.resize(got);
+  return OkStatus();
+}
+
+Status StillNamed(int fd, const std::string& path) {
+  struct stat open_st {}, named {};
+  if (fstat(fd, &open_st) != 0) return ErrnoToStatus(errno, "checking " + path);
+  if (stat(path.c_str(), &named) != 0 || named.st_dev != open_st.st_dev || named.st_ino != open_st.st_ino) {
+    return FailedPreconditionError(path + " was replaced while being uploaded");
+  }
   return OkStatus();
 }
 

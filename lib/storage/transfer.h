@@ -37,6 +37,11 @@ struct Fd {
 // `buf` is reused from chunk to chunk: growing it zero-fills only the first
 // time, so a 16 MiB chunk is not memset again for every chunk.
 Status ReadAt(int fd, std::uint64_t offset, std::size_t max, std::string& buf);
+// kFailedPrecondition when `path` no longer names the file open as `fd`
+// (the trainer renamed a new save over it, or deleted it): an upload stops
+// at its next chunk and closes the file, so the blocks of a replaced save
+// are freed now, not when the whole upload would have ended.
+Status StillNamed(int fd, const std::string& path);
 
 // Writes all of `data` at `offset`. A local write error (a full disk) is
 // the user's to fix, not the network's: kFailedPrecondition, never retried.

@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import unittest
 
 from harness import SpotvisorTestCase, FAKE_TRAINER, wait_until
@@ -283,6 +284,49 @@ class GcsSyncTest(FileSyncTest):
         for o in by_path.values():
             self.assertEqual(o["contentType"], "application/octet-stream")
             self.assertEqual(o["metadata"]["spotvisor-sequence"], str(self.manifest()["sequence"]))
+
+    def test_a_file_replaced_mid_upload_is_let_go_at_the_next_chunk(self):
+        # A trainer that saves by rename (model.pt.tmp -> model.pt) while a slow upload of the
+        # old model.pt runs: the upload must close the replaced file at its next chunk, so its
+        # blocks are freed now (on a small disk, the next save needs them), not when the whole
+        # upload would have ended. Chunks are held 3 s each; the old file has three.
+        os.makedirs(self.path("ckpt"))
+        with open(self.path("ckpt/model.pt"), "wb") as f:
+            f.write(os.urandom(40 << 20))
+        p = self.vm([])
+        p.wait_trainer_ready()
+        self.gcs.fault("slow", delay_ms=3000, upload_type="chunk")
+        p.signal(signal.SIGUSR1)
+        model = self.path("ckpt/model.pt")
+
+        def holds(deleted):
+            found = []
+            for fd in os.listdir(f"/proc/{p.proc.pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{p.proc.pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target == (model + " (deleted)" if deleted else model):
+                    found.append(fd)
+            return found
+
+        wait_until(lambda: holds(False), what="the upload to open model.pt")
+        new = os.urandom(40 << 20)
+        with open(model + ".tmp", "wb") as f:
+            f.write(new)
+        os.rename(model + ".tmp", model)
+        replaced = time.monotonic()
+        # The chunk in flight ends within 3 s; the next read sees the rename. Before, the file
+        # stayed open for the rest of the upload (two more chunks: 6 s and more).
+        wait_until(lambda: not holds(True), timeout=4.5, what="the replaced model.pt to be closed")
+        let_go = time.monotonic() - replaced
+        self.gcs.fault("none")
+        done = p.wait_event("sync.complete", timeout=60, kind="on-demand")
+        self.assertGreaterEqual(done["attempts"], 2, "a new snapshot of the new save")
+        self.assertEqual(self.object_bytes(self.manifest()["files"][0]["object"]), new)
+        print(f"\nthe replaced file was let go {let_go:.2f} s after the rename")
+        p.signal(signal.SIGTERM)
+        p.wait_exit()
 
     def test_large_files_go_up_in_resumable_chunks_and_come_back_identical(self):
         os.makedirs(self.path("ckpt"))
