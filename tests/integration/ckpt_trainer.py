@@ -2,6 +2,8 @@
 
 Layouts:
   single  latest.ckpt rewritten in place
+  atomic  model.pt written as model.pt.tmp, then renamed over (torch.save to a
+          temp name, then os.replace: a save needs room for two copies)
   two     model.pt then optimizer.pt, one after the other (torch.save's habit)
   hf      checkpoint-N/{model.safetensors,optimizer.pt,trainer_state.json},
           trainer_state.json last, older ones deleted (save_total_limit=2)
@@ -60,8 +62,8 @@ def step_of(path):
 
 
 def resume(args, d):
-    if args.layout == "single":
-        p = os.path.join(d, "latest.ckpt")
+    if args.layout in ("single", "atomic"):
+        p = os.path.join(d, "latest.ckpt" if args.layout == "single" else "model.pt")
         return step_of(p) if os.path.exists(p) else None
     if args.layout == "two":
         files = [os.path.join(d, n) for n in ("model.pt", "optimizer.pt")]
@@ -85,6 +87,10 @@ def resume(args, d):
 def save(args, d, step):
     if args.layout == "single":
         write(os.path.join(d, "latest.ckpt"), payload(step, "latest.ckpt", args.size))
+    elif args.layout == "atomic":
+        final = os.path.join(d, "model.pt")
+        write(final + ".tmp", payload(step, "model.pt", args.size))
+        os.replace(final + ".tmp", final)
     elif args.layout == "two":
         write(os.path.join(d, "model.pt"), payload(step, "model.pt", args.size))
         time.sleep(args.gap)
@@ -106,7 +112,7 @@ def save(args, d, step):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", choices=("single", "two", "hf"), default="two")
+    ap.add_argument("--layout", choices=("single", "atomic", "two", "hf"), default="two")
     ap.add_argument("--every", type=float, default=1.0)
     ap.add_argument("--gap", type=float, default=0.0)
     ap.add_argument("--size", type=int, default=4096)

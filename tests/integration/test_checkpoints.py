@@ -229,6 +229,30 @@ class CheckpointTest(SpotvisorTestCase):
         steps = sorted(int(p.split("/")[0].split("-")[1]) for p in files)
         self.assertLessEqual(len(set(steps)), 2, "save_total_limit=2 is reflected")
 
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to mount a small tmpfs")
+    def test_a_sync_never_takes_the_room_of_the_trainers_next_save(self):
+        # A 100 MiB disk; the trainer saves a 40 MiB model.pt by rename (model.pt.tmp, then
+        # os.replace: 80 MiB while it saves) every 2 s; the store holds each 16 MiB chunk 1 s, so
+        # every upload (3 s) sees a new save and the sync would stage a copy. A copy beside model.pt
+        # leaves the next save 20 MiB: "No space left on device" and a dead trainer. Neither the
+        # copy nor an upload holding a replaced save may take that room.
+        if self.VIA_MOUNT:
+            self.skipTest("sync-via = mount stages nothing")
+        small = self.path("small")
+        os.makedirs(small)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100m", "small", small], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", small])
+        self.gcs.fault("slow", delay_ms=1000, upload_type="chunk")
+        p = self.vm(["--layout", "atomic", "--size", str(56 << 20), "--every", "2", "--steps", "8", "--marker"],
+                    ckpt="small", **{"sync-interval": "1s", "sync-settle": "0s", "sync-alert-after": "5m"})
+        self.assertEqual(p.wait_exit(120), 0, "\n".join(self.trainer_log("small")))
+        self.assertIn("saved 8", self.trainer_log("small"))
+        said = p.find("sync.not_staged")
+        self.assertEqual(len(said), 1, "said once a run")
+        self.assertRegex(said[0]["message"], r"that would leave [\d.]+ MB free .* largest save so far \([\d.]+ MB\)")
+        self.assertFalse([e for e in p.find("sync.complete") if e.get("staged")], "no staged copy was made")
+        self.assertEqual(self.committed()[1]["model.pt"][:7], b"step=8 ", "the final sync has the last save")
+
     def test_a_trainer_saving_faster_than_settle_without_a_marker_is_synced_or_warned(self):
         # The marker is the documented fix; without it a trainer whose
         # checkpoint is one file is synced between its saves (nobody holds
