@@ -179,3 +179,61 @@ def comm(pid):
     except OSError:
         return "?"
 
+
+
+class OnDemandDaemon:
+    """`spotvisor run ...` whose syncs are asked for with SIGUSR1 (what `spotvisor sync`
+    sends), its JSON lines read as they come: for benchmarks that count what N syncs cost."""
+
+    def __init__(self, argv, env=None):
+        import json
+        import subprocess
+        import threading
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL, env=env)
+        self.pid = self.proc.pid
+        self._done = 0
+        self._started = threading.Event()
+        self._cv = threading.Condition()
+
+        def reader():
+            for line in self.proc.stdout:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                with self._cv:
+                    if e.get("event") == "trainer.start":
+                        self._started.set()
+                    elif e.get("event") == "sync.complete" and e.get("kind") == "on-demand":
+                        self._done += 1
+                    elif e.get("event") == "sync.failed":
+                        print(f"bench: {e.get('message')}", file=sys.stderr)
+                    self._cv.notify_all()
+
+        threading.Thread(target=reader, daemon=True).start()
+        if not self._started.wait(BOUND):
+            self.stop()
+            sys.exit("bench: the trainer never started")
+
+    def sync(self, bound=BOUND, what="sync"):
+        """Asks for one on-demand sync and waits for its sync.complete."""
+        with self._cv:
+            before = self._done
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + bound
+        with self._cv:
+            while self._done <= before:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.stop()
+                    sys.exit(f"bench: {what} never completed")
+                self._cv.wait(left)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(BOUND)
+            except Exception:  # noqa: BLE001 - a benchmark's cleanup must not hide the result
+                kill_quietly(self.proc.pid)

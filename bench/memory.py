@@ -25,17 +25,13 @@ daemon's own size.
   /usr/bin/python3 bench/memory.py --store gcs --syncs 3 --scale 0.1   # the short form (seconds)
 """
 import argparse
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from benchlib import BOUND, add_binary_flags, build_type, check_binaries, machine
+from benchlib import BOUND, OnDemandDaemon, add_binary_flags, build_type, check_binaries, machine
 
 MiB = 1 << 20
 BUCKET = "bench-memory"
@@ -99,50 +95,18 @@ def run(binary, store, env, bucket, sizes, syncs, points, parallelism):
                 "--set", f"run-id=mem-{os.getpid()}-{time.monotonic_ns()}", "--set", "sync-settle=0s",
                 "--set", "sync-interval=0", "--set", "log-format=json", "--set", f"sync-parallelism={parallelism}",
                 "--", "/bin/sleep", "1d"]
-        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
-        done = [0]
-        started = threading.Event()
-        cv = threading.Condition()
-
-        def reader():
-            for line in p.stdout:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                with cv:
-                    if e.get("event") == "trainer.start":
-                        started.set()
-                    if e.get("event") == "sync.complete" and e.get("kind") == "on-demand":
-                        done[0] += 1
-                    if e.get("event") == "sync.failed":
-                        print(f"bench: {e.get('message')}", file=sys.stderr)
-                    cv.notify_all()
-
-        threading.Thread(target=reader, daemon=True).start()
-        if not started.wait(BOUND):
-            sys.exit("bench: the trainer never started")
+        p = OnDemandDaemon(args, env)
         rows = [(0, status_kb(p.pid, "VmHWM"), steady_rss(p.pid))]
         cpu0 = cpu_s(p.pid)
         for i in range(1, syncs + 1):
             write_checkpoint(ckpt, sizes, i)
-            with cv:
-                before = done[0]
-            p.send_signal(signal.SIGUSR1)
-            deadline = time.monotonic() + BOUND * 6
-            with cv:
-                while done[0] <= before:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        sys.exit(f"bench: sync {i} never completed")
-                    cv.wait(left)
+            p.sync(bound=BOUND * 6, what=f"sync {i}")
             if i in points:
                 rows.append((i, status_kb(p.pid, "VmHWM"), steady_rss(p.pid, at_least=RELEASE_DELAY + 1)))
                 print(f"  {os.path.basename(binary)} after {i} sync(s): peak {rows[-1][1] / 1024:.1f} MiB, "
                       f"idle {rows[-1][2] / 1024:.1f} MiB", file=sys.stderr, flush=True)
         cpu_per_gib = (cpu_s(p.pid) - cpu0) / (sum(sizes) * syncs / (1 << 30))  # idle waits cost ~nothing
-        p.send_signal(signal.SIGTERM)
-        p.wait(BOUND)
+        p.stop()
         return rows, cpu_per_gib
     finally:
         shutil.rmtree(tmp, True)

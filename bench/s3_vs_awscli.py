@@ -62,6 +62,20 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
+# aws-cli's s3 settings tried on the upload set before the measured runs (--tune, on by
+# default): max_concurrent_requests x multipart_chunksize (and threshold), the fastest kept.
+AWS_CANDIDATES = ((10, 8), (32, 8), (32, 32), (64, 16))
+
+
+def aws_config(home, concurrency, chunk_mb):
+    """An AWS config file with those s3 settings; its path."""
+    path = os.path.join(home, f"config-{concurrency}x{chunk_mb}")
+    with open(path, "w") as f:
+        f.write(f"[default]\ns3 =\n  max_concurrent_requests = {concurrency}\n"
+                f"  multipart_chunksize = {chunk_mb}MB\n  multipart_threshold = {chunk_mb}MB\n")
+    return path
+
+
 def make_set(root, big_sizes, small_count, small_size):
     os.makedirs(root, exist_ok=True)
     for i, size in enumerate(big_sizes):
@@ -217,6 +231,9 @@ def main():
     ap.add_argument("--tmp", default=tempfile.gettempdir())
     ap.add_argument("--aws", default="/usr/bin/aws")
     ap.add_argument("--json")
+    ap.add_argument("--no-tune", dest="tune", action="store_false",
+                    help="run aws-cli with its defaults (10 requests, 8 MiB parts) instead of the best of "
+                         + ", ".join(f"{c}x{m}MB" for c, m in AWS_CANDIDATES))
     B.add_binary_flags(ap)
     args = ap.parse_args()
     B.check_binaries(args)
@@ -251,6 +268,18 @@ def main():
             make_set(src, [big], small_count, MiB)
             size = payload(src)
             print(f"set 1: {size / MiB:.0f} MiB in {small_count + 1} files", flush=True)
+            if args.tune:
+                best = None
+                for c, m in AWS_CANDIDATES:
+                    b.aenv["AWS_CONFIG_FILE"] = aws_config(os.path.join(work, "home"), c, m)
+                    wall, _, cpu = b.aws("sync", src, f"s3://{BUCKET}/aws/tune-{c}x{m}")
+                    b.delete_prefix(f"aws/tune-{c}x{m}/")
+                    print(f"  tune     aws {c:>2} requests x {m:>2} MB parts: wall {wall:.3f} s, CPU {cpu:.2f} s",
+                          flush=True)
+                    if best is None or wall < best[0]:
+                        best = (wall, c, m)
+                b.aenv["AWS_CONFIG_FILE"] = aws_config(os.path.join(work, "home"), best[1], best[2])
+                print(f"  aws-cli tuned: {best[1]} requests x {best[2]} MB parts", flush=True)
             for rep in range(args.repeat):
                 for tool in order(rep):
                     if tool == "spotvisor":

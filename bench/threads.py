@@ -11,17 +11,11 @@ executor, every sync left a thread behind, each keeping an 8 MiB stack mapped.
   python3 bench/threads.py --syncs 1000 --baseline /path/to/old/spotvisor
 """
 import argparse
-import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 
-from benchlib import add_binary_flags, check_binaries, BOUND
+from benchlib import add_binary_flags, check_binaries, OnDemandDaemon
 
 
 def status(pid, key):
@@ -42,46 +36,15 @@ def run(binary, fake_trainer, syncs, points):
                 "--set", "sync-interval=0", "--set", "log-format=json", "--", fake_trainer]
         env = dict(os.environ)
         env.pop("GCE_METADATA_HOST", None)
-        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
-        done = [0]
-        started = threading.Event()
-        cv = threading.Condition()
-
-        def reader():
-            for line in p.stdout:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                with cv:
-                    if e.get("event") == "trainer.start":
-                        started.set()
-                    if e.get("event") == "sync.complete" and e.get("kind") == "on-demand":
-                        done[0] += 1
-                    cv.notify_all()
-
-        t = threading.Thread(target=reader, daemon=True)
-        t.start()
-        if not started.wait(BOUND):
-            sys.exit("bench: the trainer never started")
+        d = OnDemandDaemon(args, env)
         rows = []
         for i in range(1, syncs + 1):
             with open(os.path.join(ckpt, "model"), "w") as f:
                 f.write(f"step {i}")
-            with cv:
-                before = done[0]
-            p.send_signal(signal.SIGUSR1)
-            deadline = time.monotonic() + BOUND
-            with cv:
-                while done[0] <= before:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        sys.exit(f"bench: sync {i} never completed")
-                    cv.wait(left)
+            d.sync(what=f"sync {i}")
             if i in points:
-                rows.append((i, status(p.pid, "Threads"), status(p.pid, "VmSize")))
-        p.send_signal(signal.SIGTERM)
-        p.wait(BOUND)
+                rows.append((i, status(d.pid, "Threads"), status(d.pid, "VmSize")))
+        d.stop()
         return rows
     finally:
         shutil.rmtree(tmp, True)

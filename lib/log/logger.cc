@@ -167,7 +167,7 @@ class TextSink final : public LogSink {
       line = fmt::format("{:02}:{:02}:{:02}.{:03} {:<7}| {}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
                          e.fields.value("stream", "trainer"), e.message);
     } else {
-      line = fmt::format("{:02}:{:02}:{:02}.{:03} {:<7} {:<19} {}{}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
+      line = fmt::format("{:02}:{:02}:{:02}.{:03} {:<7} {:<17} {}{}", tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
                          SeverityName(e.severity), e.event, e.message, TextFields(e.fields, e.message));
     }
     line += '\n';

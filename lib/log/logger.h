@@ -40,7 +40,7 @@ class LogSink {
 // logging.googleapis.com/ spelling, so every agent path reads it), message,
 // time (RFC 3339, UTC, nanoseconds), event, labels, then the event's fields.
 std::unique_ptr<LogSink> MakeJsonSink(std::FILE* out);
-// "10:04:05.123 INFO    trainer.start       message  key=value ...": for a
+// "10:04:05.123 INFO    trainer.start     message  key=value ...": for a
 // person at a terminal. The key=value pairs leave out what the message
 // already says (TextFields); the JSON line keeps every field.
 std::unique_ptr<LogSink> MakeTextSink(std::FILE* out);

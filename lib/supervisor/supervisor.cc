@@ -1191,8 +1191,10 @@ void Supervisor::OnSyncDone(const std::string& kind, bool final, const StatusOr<
             ? fmt::format("{} sync: nothing to upload yet", kind)
         : r->files_uploaded == 0 && r->files_deleted == 0
             ? fmt::format("{} sync: nothing new since commit #{} ({} file(s))", kind, r->sequence, r->files_total)
-            : fmt::format("{} sync #{}: {} of {} file(s), {} in {:.2f}s ({}){}", kind, r->sequence,
-                          r->files_uploaded, r->files_total, FormatBytes(r->bytes_uploaded), r->seconds, FormatRate(mbps * 1e6), how);
+            : fmt::format("{} sync #{}: {} file(s), {} in {:.2f}s ({}){}", kind, r->sequence,
+                          r->files_uploaded == r->files_total ? fmt::format("{}", r->files_total)
+                                                              : fmt::format("{} of {}", r->files_uploaded, r->files_total),
+                          FormatBytes(r->bytes_uploaded), r->seconds, FormatRate(mbps * 1e6), how);
     logger_.Info("sync.complete", message,
                  {{"kind", kind}, {"sequence", r->sequence}, {"files", r->files_total}, {"files_uploaded", r->files_uploaded},
                   {"files_deferred", r->files_deferred}, {"files_deleted", r->files_deleted}, {"bytes", r->bytes_uploaded},
