@@ -61,7 +61,8 @@ def one(binary, fake_trainer, left):
             f.write(os.urandom(40 << 20))
         s3.fault("upload_part", delay=60, count=None)
         s3.fault("abort", delay=60, count=None)
-        when = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=left)
+        # The notice's time in whole seconds, as EC2 (and the fake) write it.
+        when = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=left)).replace(microsecond=0)
         imds.set_instance_action("terminate", when)
         try:
             p.wait(timeout=left + 90)

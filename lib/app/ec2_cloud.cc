@@ -74,7 +74,7 @@ class Ec2Cloud final : public Cloud {
     return std::unique_ptr<LogSink>(std::move(sink));
   }
 
-  void AddInstanceControl(const Config& /*config*/, SupervisorOptions& so, Sleeper& retry_sleeper,
+  void AddInstanceControl(const Config& /*config*/, SupervisorOptions& so, Sleeper& /*retry_sleeper*/,
                           Logger& logger) override {
     if (m_.region.empty()) return;  // no EC2 API endpoint to call: on-exit powers off
     Ec2InstanceRef ref{m_.instance_id, m_.region};
@@ -85,16 +85,23 @@ class Ec2Cloud final : public Cloud {
     so.compute_api = "the EC2 API";
     // The phase as an instance tag: said once if the role may not tag.
     auto tag_cancel = std::make_shared<CancelSource>();
-    std::shared_ptr<Ec2Tagger> tagger = MakeEc2Tagger("", ref, Credentials(clock), retry_sleeper, clock);
+    // Its own sleeper: the writer's cancel at exit must also cut a retry's
+    // backoff short (after a late EC2 notice it held spotvisor 1.3 s past
+    // the writer's deadline).
+    auto tag_sleeper = std::make_shared<CancellableSleeper>();
+    std::shared_ptr<Ec2Tagger> tagger = MakeEc2Tagger("", ref, Credentials(clock), *tag_sleeper, clock);
     so.instance_tags = std::make_shared<GuestAttributesWriter>(
-        [tagger, tag_cancel, &clock](const std::string& key, const std::string& value) {
+        [tagger, tag_sleeper, tag_cancel, &clock](const std::string& key, const std::string& value) {
           CallContext ctx;
           ctx.cancel = tag_cancel;
           ctx.clock = &clock;
           ctx.deadline = clock.Now() + std::chrono::seconds(20);
           return tagger->SetTag("spotvisor-" + key, value, ctx);
         },
-        [tag_cancel] { tag_cancel->Cancel(); },
+        [tag_cancel, tag_sleeper] {
+          tag_cancel->Cancel();
+          tag_sleeper->Cancel();
+        },
         [&logger](const Status& s) {
           logger.Warn("instance_tags.failed",
                       "cannot set the instance tag spotvisor-phase (the phase stays in the logs and status.json): " +

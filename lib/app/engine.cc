@@ -884,7 +884,7 @@ int RunEngine(const EngineOptions& options) {
   // Whatever the on-exit action, the run's last lines are delivered before
   // spotvisor exits, within a deadline: short when the VM is going down (a
   // preemption leaves ~30 s in all, and Cloud Logging may be what is slow).
-  logger.Flush(supervisor.SystemGoingDown() ? std::chrono::seconds(3) : std::chrono::seconds(10));
+  logger.Flush(supervisor.FinalFlushBudget());
   return supervisor.exit_code();
 }
 

@@ -20,12 +20,19 @@ GuestAttributesWriter::GuestAttributesWriter(std::function<Status(const std::str
 GuestAttributesWriter::~GuestAttributesWriter() {
   {
     std::unique_lock lk(mu_);
-    idle_.wait_for(lk, std::chrono::seconds(2), [this] { return pending_.empty() && !busy_; });
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    if (finish_by_ && *finish_by_ < until) until = *finish_by_;
+    idle_.wait_until(lk, until, [this] { return pending_.empty() && !busy_; });
     stopping_ = true;
   }
   cv_.notify_all();
   if (cancel_) cancel_();
   thread_.join();
+}
+
+void GuestAttributesWriter::FinishBy(std::chrono::steady_clock::time_point by) {
+  std::lock_guard lk(mu_);
+  if (!finish_by_ || by < *finish_by_) finish_by_ = by;
 }
 
 void GuestAttributesWriter::Set(const std::map<std::string, std::string>& values) {

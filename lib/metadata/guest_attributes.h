@@ -6,11 +6,13 @@
 // On EC2 the same writer sets instance tags instead.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -25,10 +27,13 @@ class GuestAttributesWriter {
   // cutting a write short with `cancel` at the end.
   GuestAttributesWriter(std::function<Status(const std::string& key, const std::string& value)> put,
                         std::function<void()> cancel, std::function<void(const Status&)> on_error);
-  ~GuestAttributesWriter();  // sends what is pending (for at most 2 s), then stops
+  ~GuestAttributesWriter();  // sends what is pending (for at most 2 s, and not past FinishBy), then stops
 
   // Thread-safe; only changed values are sent.
   void Set(const std::map<std::string, std::string>& values);
+  // The last writes must be done by `by` (after a preemption notice: the
+  // machine is taken soon after); the destructor waits no longer.
+  void FinishBy(std::chrono::steady_clock::time_point by);
 
  private:
   void Run();
@@ -41,6 +46,7 @@ class GuestAttributesWriter {
   std::map<std::string, std::string> pending_, sent_;
   bool busy_ = false;
   bool stopping_ = false;
+  std::optional<std::chrono::steady_clock::time_point> finish_by_;
   bool reported_ = false;
   std::thread thread_;
 };

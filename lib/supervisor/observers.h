@@ -51,6 +51,9 @@ class RunObserver {
   // The process is exiting: stop any timer of its own (the last changes,
   // such as `done`, are still reported).
   virtual void Close() {}
+  // After a preemption notice: whatever it still sends at exit must be
+  // done by `by` (the machine is taken soon after).
+  virtual void FinishBy(SteadyTime /*by*/) {}
 };
 
 // STATE_DIR/status.json (what `spotvisor status` reads): replaced
@@ -76,6 +79,7 @@ class GuestAttributesObserver final : public RunObserver {
  public:
   explicit GuestAttributesObserver(std::shared_ptr<GuestAttributesWriter> writer) : writer_(std::move(writer)) {}
   void OnChange(const RunView& view) override;
+  void FinishBy(SteadyTime by) override { writer_->FinishBy(by); }
 
  private:
   std::shared_ptr<GuestAttributesWriter> writer_;
@@ -89,6 +93,7 @@ class InstanceTagObserver final : public RunObserver {
  public:
   explicit InstanceTagObserver(std::shared_ptr<GuestAttributesWriter> writer) : writer_(std::move(writer)) {}
   void OnChange(const RunView& view) override;
+  void FinishBy(SteadyTime by) override { writer_->FinishBy(by); }
 
  private:
   std::shared_ptr<GuestAttributesWriter> writer_;

@@ -723,11 +723,17 @@ std::pair<std::chrono::milliseconds, bool> StateMachine::FinalSyncBudget(SteadyT
   return {std::max(left, std::chrono::milliseconds(0)), true};
 }
 
-std::optional<SteadyTime> StateMachine::RecordsDeadline(SteadyTime now) const {
+std::optional<SteadyTime> StateMachine::WindowEnd(SteadyTime now) const {
   if (!preempted_) return std::nullopt;
   auto button = power_button_at_.value_or(now);
   if (stop_signal_at_ && *stop_signal_at_ < button) button = *stop_signal_at_;
-  return button + options_.preemption_window - options_.final_sync_margin / 2;
+  return button + options_.preemption_window;
+}
+
+std::optional<SteadyTime> StateMachine::RecordsDeadline(SteadyTime now) const {
+  auto end = WindowEnd(now);
+  if (!end) return std::nullopt;
+  return *end - options_.final_sync_margin / 2;
 }
 
 std::optional<SteadyTime> StateMachine::DeadlineFor(State s, SteadyTime now) const {

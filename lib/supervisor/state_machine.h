@@ -287,6 +287,9 @@ class StateMachine {
   // before the machine is taken, so that spotvisor exits inside the window
   // whatever the store does. nullopt: not preempted.
   std::optional<SteadyTime> RecordsDeadline(SteadyTime now) const;
+  // After a preemption: when the cloud takes the machine (the power button
+  // plus preemption-window, or an EC2 notice's time); nullopt otherwise.
+  std::optional<SteadyTime> WindowEnd(SteadyTime now) const;
   // The run is over or being ended (not a crash that may be restarted, not a
   // hold): what systemd hears as STOPPING=1.
   bool Ending() const;

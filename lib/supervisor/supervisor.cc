@@ -1125,6 +1125,15 @@ void Supervisor::StartSync(const std::string& kind, bool final, bool write_done,
   });
 }
 
+std::chrono::milliseconds Supervisor::FinalFlushBudget() const {
+  std::chrono::milliseconds budget = SystemGoingDown() ? std::chrono::seconds(3) : std::chrono::seconds(10);
+  if (auto end = machine_.WindowEnd(clock_.Now())) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*end - std::chrono::milliseconds(500) - clock_.Now());
+    budget = std::clamp(left, std::chrono::milliseconds(0), budget);
+  }
+  return budget;
+}
+
 void Supervisor::ScheduleMemoryRelease() {
   memory_timer_.expires_after(kMemoryReleaseDelay);
   memory_timer_.async_wait([this](boost::system::error_code ec) {
@@ -1477,6 +1486,9 @@ void Supervisor::Exit(int code) {
   report_timer_.cancel();
   stall_timer_.cancel();
   memory_timer_.cancel();
+  if (auto by = machine_.RecordsDeadline(clock_.Now())) {
+    for (auto& o : observers_) o->FinishBy(*by);
+  }
   for (auto& o : observers_) o->Close();
   compute_sleeper_.Cancel();
   io_.stop();

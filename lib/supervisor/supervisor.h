@@ -93,6 +93,10 @@ class Supervisor {
   bool SystemGoingDown() const {
     return machine_.stopped_by_signal() || machine_.preempted();
   }
+  // How long the last log lines may take to deliver at exit: 10 s; 3 s when
+  // the system is going down; after a preemption never past half a second
+  // before the machine is taken (an EC2 notice seen late leaves less).
+  std::chrono::milliseconds FinalFlushBudget() const;
 
   // Thread-safe: called from the metadata watcher threads. `ends_at`: when
   // the cloud takes the machine, if the notice says (EC2); `what` names the

@@ -81,7 +81,7 @@ class Ec2Test(SpotvisorTestCase):
             f.write(os.urandom(40 << 20))  # a multipart upload
         self.s3.fault("upload_part", delay=60, count=None)
         self.s3.fault("abort", delay=60, count=None)
-        when = utc_in(12)
+        when = utc_in(12).replace(microsecond=0)  # whole seconds, as EC2 writes it
         self.imds.set_instance_action("terminate", when)
         p.wait_exit(30)
         ended = datetime.datetime.now(datetime.timezone.utc)
