@@ -16,7 +16,7 @@ void ConfigureMemory() {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // a fixed threshold also stops glibc raising it
   mallopt(M_TRIM_THRESHOLD, 4 << 20);
 #endif
-#ifdef M_ARENA_TEST
+#ifdef M_ARENA_MAX
   mallopt(M_ARENA_MAX, 4);
 #endif
 }
