@@ -48,3 +48,6 @@ echo; echo "== checkpoint sync vs rclone (bench/sync_vs_rclone.py)"; /usr/bin/py
 echo; echo "== big checkpoints vs rclone, tuned (bench/big_checkpoint.py; ~10 GiB of RAM and disk)"; /usr/bin/python3 bench/big_checkpoint.py --repeat 1
 /usr/bin/python3 bench/big_checkpoint.py --sink --only sink upload mixed --repeat 1 --no-tune
 echo; echo "== trainer output forwarding (bench/log_forwarding.py)"; /usr/bin/python3 bench/log_forwarding.py --spotvisor build-release/daemon/spotvisor --fake-trainer build-release/tests/fake_trainer
+echo; echo "== memory over many syncs, and CPU per GiB (bench/memory.py)"; /usr/bin/python3 bench/memory.py --store gcs --syncs 100 --scale 0.25
+/usr/bin/python3 bench/memory.py --store s3 --syncs 10
+echo; echo "== a late EC2 notice on a hanging store (bench/late_notice.py)"; /usr/bin/python3 bench/late_notice.py --left 5 12 20
