@@ -181,6 +181,15 @@ def comm(pid):
 
 
 
+def proc_status_kb(pid, key):
+    """A number from /proc/PID/status (VmRSS, VmHWM, VmSize: kB; Threads: a count); 0 if absent."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 class OnDemandDaemon:
     """`spotvisor run ...` whose syncs are asked for with SIGUSR1 (what `spotvisor sync`
     sends), its JSON lines read as they come: for benchmarks that count what N syncs cost."""

@@ -31,19 +31,11 @@ import sys
 import tempfile
 import time
 
-from benchlib import BOUND, OnDemandDaemon, add_binary_flags, build_type, check_binaries, machine
+from benchlib import BOUND, OnDemandDaemon, add_binary_flags, build_type, check_binaries, machine, proc_status_kb
 
 MiB = 1 << 20
 BUCKET = "bench-memory"
 AKID, SECRET = "AKIABENCHMARK000002", "bench/secret/memory0123456789abcdefghij"
-
-
-def status_kb(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def cpu_s(pid):
@@ -60,15 +52,15 @@ def steady_rss(pid, hold=2.0, bound=BOUND, at_least=0.0):
     """VmRSS once it has not changed by more than 64 kB for `hold` seconds, and `at_least` seconds have passed."""
     start = time.monotonic()
     deadline = start + bound + at_least
-    last, since = status_kb(pid, "VmRSS"), time.monotonic()
+    last, since = proc_status_kb(pid, "VmRSS"), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.1)  # sampling interval of a bounded wait
-        now = status_kb(pid, "VmRSS")
+        now = proc_status_kb(pid, "VmRSS")
         if abs(now - last) > 64:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= hold and time.monotonic() - start >= at_least:
             return now
-    return status_kb(pid, "VmRSS")
+    return proc_status_kb(pid, "VmRSS")
 
 
 def write_checkpoint(ckpt, sizes, step):
@@ -96,13 +88,13 @@ def run(binary, store, env, bucket, sizes, syncs, points, parallelism):
                 "--set", "sync-interval=0", "--set", "log-format=json", "--set", f"sync-parallelism={parallelism}",
                 "--", "/bin/sleep", "1d"]
         p = OnDemandDaemon(args, env)
-        rows = [(0, status_kb(p.pid, "VmHWM"), steady_rss(p.pid))]
+        rows = [(0, proc_status_kb(p.pid, "VmHWM"), steady_rss(p.pid))]
         cpu0 = cpu_s(p.pid)
         for i in range(1, syncs + 1):
             write_checkpoint(ckpt, sizes, i)
             p.sync(bound=BOUND * 6, what=f"sync {i}")
             if i in points:
-                rows.append((i, status_kb(p.pid, "VmHWM"), steady_rss(p.pid, at_least=RELEASE_DELAY + 1)))
+                rows.append((i, proc_status_kb(p.pid, "VmHWM"), steady_rss(p.pid, at_least=RELEASE_DELAY + 1)))
                 print(f"  {os.path.basename(binary)} after {i} sync(s): peak {rows[-1][1] / 1024:.1f} MiB, "
                       f"idle {rows[-1][2] / 1024:.1f} MiB", file=sys.stderr, flush=True)
         cpu_per_gib = (cpu_s(p.pid) - cpu0) / (sum(sizes) * syncs / (1 << 30))  # idle waits cost ~nothing

@@ -15,15 +15,7 @@ import os
 import shutil
 import tempfile
 
-from benchlib import add_binary_flags, check_binaries, OnDemandDaemon
-
-
-def status(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
+from benchlib import add_binary_flags, check_binaries, OnDemandDaemon, proc_status_kb
 
 
 def run(binary, fake_trainer, syncs, points):
@@ -43,7 +35,7 @@ def run(binary, fake_trainer, syncs, points):
                 f.write(f"step {i}")
             d.sync(what=f"sync {i}")
             if i in points:
-                rows.append((i, status(d.pid, "Threads"), status(d.pid, "VmSize")))
+                rows.append((i, proc_status_kb(d.pid, "Threads"), proc_status_kb(d.pid, "VmSize")))
         d.stop()
         return rows
     finally:

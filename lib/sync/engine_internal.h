@@ -137,6 +137,10 @@ Status CopyFile(const std::string& src, const std::string& dst);
 // and takes no room until either changes. False where the file system
 // cannot (dst is then removed).
 bool CloneFile(const std::string& src, const std::string& dst);
+// "" when a disk with `free` bytes (nullopt: cannot tell) keeps, after
+// `more` bytes of copies, the trainer's largest save so far and a quarter
+// more; else why not, with the numbers (SyncStats::not_staged).
+std::string StagingRoomProblem(std::optional<std::uint64_t> free, std::uint64_t more, std::uint64_t largest_save);
 // Creates dir/a/b/... for `rel`'s parent, refusing to pass through a symlink;
 // new directories are given to the trainer's user.
 Status MakeParentsNoSymlinks(const std::string& dir, const std::string& rel, const SyncOptions& o);

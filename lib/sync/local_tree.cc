@@ -19,6 +19,7 @@
 #include "common/parallel_for.h"
 #include "common/random.h"
 #include "common/strings.h"
+#include "common/units.h"
 #include "log/logger.h"
 #include "output/utf8.h"
 #include "storage/crc32c.h"
@@ -235,6 +236,17 @@ StatusOr<std::uint32_t> FileCrc32c(const std::string& path) {
 }
 
 // Copies src to dst (created), in the kernel where it can.
+std::string StagingRoomProblem(std::optional<std::uint64_t> free, std::uint64_t more, std::uint64_t largest_save) {
+  if (!free) return "";  // cannot tell: the copy's own ENOSPC still stops it
+  auto need = largest_save + largest_save / 4;
+  auto left = *free > more ? *free - more : 0;
+  if (left >= need) return "";
+  return fmt::format("not copying the checkpoint to stage it: that would leave {} free on the checkpoint disk, less "
+                     "than the trainer's largest save so far ({}) and a quarter more; uploading the files in place "
+                     "and taking a new snapshot if they change",
+                     FormatBytes(left), FormatBytes(largest_save));
+}
+
 bool CloneFile(const std::string& src, const std::string& dst) {
   int in = open(src.c_str(), O_RDONLY | O_CLOEXEC);
   if (in < 0) return false;

@@ -1,6 +1,5 @@
 #include "sync/sync_engine.h"
 
-#include "common/units.h"
 #include "sync/engine_internal.h"
 #include "sync/completeness.h"
 #include "sync/file_facts.h"
@@ -347,21 +346,13 @@ void SyncEngine::CollectGarbage(std::int64_t seq, const CallContext& ctx, SyncSt
 }
 
 std::string SyncEngine::StagingRoom(const std::string& root, std::uint64_t more) const {
-  std::optional<std::uint64_t> known;
+  std::optional<std::uint64_t> free;
   if (o_.free_bytes) {
-    known = o_.free_bytes(root);
+    free = o_.free_bytes(root);
   } else if (struct statvfs vfs {}; statvfs(root.c_str(), &vfs) == 0) {
-    known = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   }
-  if (!known) return "";  // cannot tell: the copy's own ENOSPC still stops it
-  auto free = *known;
-  auto need = largest_save_ + largest_save_ / 4;
-  auto left = free > more ? free - more : 0;
-  if (left >= need) return "";
-  return fmt::format("not copying the checkpoint to stage it: that would leave {} free on the checkpoint disk, less "
-                     "than the trainer's largest save so far ({}) and a quarter more; uploading the files in place "
-                     "and taking a new snapshot if they change",
-                     FormatBytes(left), FormatBytes(largest_save_));
+  return StagingRoomProblem(free, more, largest_save_);
 }
 
 StatusOr<SyncStats> SyncEngine::Sync(bool final, const CallContext& ctx) {
