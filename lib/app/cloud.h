@@ -12,6 +12,8 @@
 //   status          Cloud::AddInstanceControl (guest attributes / the
 //                   spotvisor-phase instance tag)
 //   stop, delete    Cloud::AddInstanceControl (Compute API / EC2 API)
+//   the group       Cloud::MakeGroupClient (MIG deleteInstances / Auto
+//                   Scaling TerminateInstanceInAutoScalingGroup)
 //   notices         Cloud::WatchNotices (instance/preempted and maintenance
 //                   long-polls / spot instance-action and rebalance polls,
 //                   with the deadline EC2's notice gives)
@@ -25,6 +27,7 @@
 #include "app/engine.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "compute/group.h"
 #include "config/config.h"
 #include "log/logger.h"
 #include "metadata/metadata_client.h"
@@ -57,6 +60,11 @@ class Cloud {
   // stops or deletes itself (on-exit = stop | delete).
   virtual void AddInstanceControl(const Config& config, SupervisorOptions& so, Sleeper& retry_sleeper,
                                   Logger& logger) = 0;
+  // How this VM leaves `group` (issue #30): instanceGroupManagers.deleteInstances
+  // through `compute_endpoint` on GCE, TerminateInstanceInAutoScalingGroup on
+  // EC2. Null when the cloud cannot say who this VM is (EC2 without a region).
+  virtual std::unique_ptr<GroupClient> MakeGroupClient(const InstanceGroup& group, const std::string& compute_endpoint,
+                                                       Sleeper& sleeper) = 0;
   // Preemption or interruption, maintenance: fed to `supervisor`.
   virtual std::unique_ptr<NoticeWatch> WatchNotices(const Config& config, Supervisor& supervisor, Logger& logger) = 0;
 };

@@ -109,6 +109,12 @@ class Ec2Cloud final : public Cloud {
         });
   }
 
+  std::unique_ptr<GroupClient> MakeGroupClient(const InstanceGroup& group, const std::string& /*compute_endpoint*/,
+                                               Sleeper& sleeper) override {
+    if (m_.region.empty()) return nullptr;
+    return MakeAsgClient("", group, Ec2InstanceRef{m_.instance_id, m_.region}, Credentials(clock_), sleeper, clock_);
+  }
+
   std::unique_ptr<NoticeWatch> WatchNotices(const Config& /*config*/, Supervisor& supervisor, Logger& logger) override {
     Ec2NoticeCallbacks cb;
     cb.on_interruption = [&supervisor](const Ec2InterruptionNotice& n, const std::string& body) {

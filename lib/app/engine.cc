@@ -1,5 +1,6 @@
 #include "app/engine.h"
 #include "app/cloud.h"
+#include "app/group.h"
 
 #include <algorithm>
 
@@ -130,6 +131,12 @@ StatusOr<MetadataSnapshot> FetchEc2Once(ImdsClient& imds, const CallContext& ctx
   if (keys.ok()) {
     for (auto const& line : SplitLines(*keys)) {
       std::string key(Trim(line));
+      if (key == "aws:autoscaling:groupName") {
+        auto v = imds.Get("meta-data/tags/instance/" + key, ctx);
+        if (!v.ok()) return v.status();
+        m.asg_name = *v;
+        continue;
+      }
       std::string rest;
       if (StartsWith(key, "spotvisor-") || StartsWith(key, "spotvisor:")) rest = key.substr(10);
       if (rest.empty()) continue;
@@ -221,14 +228,36 @@ std::string OnExitValue(const ConfigResult& r, Mode mode) {
 }
 
 // A VM whose configuration is broken must not sit there billing: in daemon
-// mode the on-exit action still runs (unless on-exit itself says none).
-int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger) {
+// mode the on-exit action still runs (unless on-exit itself says none). In a
+// group (`leave` set) the VM leaves the group instead, which would bring a
+// powered-off VM back with the same configuration, boot after boot.
+int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger, GroupClient* leave = nullptr,
+                       const InstanceGroup* group = nullptr) {
   for (auto const& e : r.errors) logger.Error("config.error", e);
   logger.Log(LogEvent{Severity::kError, "run.end",
                       fmt::format("run ended: config-error ({} problem(s); see config.error above)", r.errors.size()),
                       {{"reason", "config-error"}, {"exit_code", kExitConfigError}}});
   logger.Flush(std::chrono::seconds(10));
   if (OnExitValue(r, mode) != "poweroff") return kExitConfigError;
+  if (leave && group) {
+    logger.Log(LogEvent{Severity::kNotice, "shutdown.start",
+                        fmt::format("leaving {}: {} on this VM, so that the group does not bring it back with the same "
+                                    "configuration",
+                                    group->Describe(), leave->LeaveCall()),
+                        {{"action", "leave"}, {"group", group->Path()}, {"group_kind", group->KindName()}}});
+    CallContext ctx;
+    SystemClock clock;
+    ctx.clock = &clock;
+    ctx.deadline = clock.Now() + std::chrono::seconds(30);
+    auto s = leave->Leave(ctx);
+    if (s.ok()) {
+      logger.Info("shutdown.api_done", fmt::format("{} accepted: this VM is leaving it", group->Describe()));
+      logger.Flush(std::chrono::seconds(5));
+      return kExitConfigError;
+    }
+    logger.Error("shutdown.api_failed", fmt::format("leaving the group failed: {}; powering off instead", s.message()),
+                 {{"error", s.message()}, {"group", group->Path()}});
+  }
   std::string cmd = r.values.count("shutdown-command") ? r.values.at("shutdown-command").value : "";
   if (cmd.empty()) cmd = FindKey("shutdown-command")->default_value;
   logger.Log(LogEvent{Severity::kNotice, "shutdown.start", fmt::format("on-exit poweroff: running `{}`", cmd),
@@ -778,7 +807,32 @@ int RunEngine(const EngineOptions& options) {
   }
   if (cloud) cloud->Announce(logger);
   for (auto const& w : result.warnings) logger.Warn("config.warning", w);
-  if (!result.config) return EndWithConfigError(result, options.mode, logger);
+  // The group (issue #30), from the raw value: a configuration error must
+  // still leave it.
+  std::optional<InstanceGroup> group;
+  std::unique_ptr<GroupClient> config_error_leave;
+  if (auto g = ResolveGroup(result.values.at("group").value, metadata); !g.ok()) {
+    result.errors.push_back(g.status().message());
+    result.config.reset();
+  } else {
+    group = g->group;
+    if (!g->note.empty()) logger.Warn("cloud.group_unknown", g->note);
+  }
+  if (group) {
+    logger.Info("cloud.group",
+                fmt::format("in {} (from {}): a preemption is left to the group, which brings the VM back; the run's "
+                            "end leaves the group",
+                            group->Describe(), group->source),
+                {{"group", group->Path()}, {"group_kind", group->KindName()}, {"source", group->source}});
+  }
+  if (!result.config) {
+    if (group && cloud) {
+      std::string endpoint(Trim(result.values.at("compute-endpoint").value));
+      while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+      config_error_leave = cloud->MakeGroupClient(*group, endpoint, sleeper);
+    }
+    return EndWithConfigError(result, options.mode, logger, config_error_leave.get(), group ? &*group : nullptr);
+  }
   Config config = *result.config;
   // Legacy preemptible VMs are always stopped after 24 h; a run that hits
   // that wall gets no graceful stop unless max-runtime comes first. Spot VMs
@@ -821,12 +875,21 @@ int RunEngine(const EngineOptions& options) {
     so.boot = std::make_shared<BootRecord>(gang_stores.claims, config.run_id,
                                            metadata.instance_name.empty() ? Hostname() : metadata.instance_name,
                                            metadata.zone, so.claim->token(), clock);
+    if (group) so.boot->SetGroup(group->Path());
+    so.budget = std::make_shared<RunBudget>(gang_stores.claims, config.run_id, config.max_failed_boots, clock);
     logger.Info("sync.configured",
                 fmt::format("checkpoints in {} are synced to {} every {}", config.checkpoint_dir, so.sync->Describe(),
                             config.sync_interval.count() ? FormatDuration(config.sync_interval) : std::string("(final sync only)")),
                 {{"bucket", so.sync->Describe()}});
   }
   if (cloud) cloud->AddInstanceControl(config, so, tag_sleeper, logger);
+  if (group && cloud) {
+    so.group = group;
+    Cloud* c = cloud.get();
+    auto g = *group;
+    auto endpoint = config.compute_endpoint;
+    so.make_group = [c, g, endpoint](Sleeper& s) { return c->MakeGroupClient(g, endpoint, s); };
+  }
   if (!config.gang.empty()) {
     auto gang = MakeGangSession(config, metadata, logger, clock, etcd_sleeper);
     if (!gang.ok()) {

@@ -3,7 +3,9 @@
 // check it against this machine, and run the supervisor.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,9 @@ struct MetadataSnapshot {
   std::string private_ip;
   // EC2: instance-metadata tags are not enabled (tags/instance is 404).
   bool ec2_tags_hidden = false;
+  // EC2: the tag aws:autoscaling:groupName (app/group.h); GCE's created-by
+  // is among instance_attributes.
+  std::optional<std::string> asg_name;
   // Problems with a metadata layer itself (a user-data section that does
   // not parse): configuration errors.
   std::vector<std::string> errors;

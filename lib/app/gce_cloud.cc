@@ -85,6 +85,12 @@ class GceCloud final : public Cloud {
     };
   }
 
+  std::unique_ptr<GroupClient> MakeGroupClient(const InstanceGroup& group, const std::string& compute_endpoint,
+                                               Sleeper& sleeper) override {
+    return MakeMigClient(compute_endpoint, group, InstanceRef{m_.project_id, m_.zone, m_.instance_name},
+                         std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode_), clock_), sleeper);
+  }
+
   std::unique_ptr<NoticeWatch> WatchNotices(const Config& config, Supervisor& supervisor, Logger& logger) override {
     auto out = std::make_unique<GceNoticeWatch>();
     auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change,

@@ -11,6 +11,7 @@
 
 #include "common/duration.h"
 #include "log/logger.h"
+#include "output/utf8.h"
 #include "process/proc.h"
 #include "supervisor/durability.h"
 #include "state/status_file.h"
@@ -189,6 +190,9 @@ int PrintStatus(const std::string& state_dir, bool json) {
                     text(member, "ip").c_str(), phase.empty() ? "" : ", ", phase.c_str());
       }
     }
+  }
+  if (auto g = j.find("group"); g != j.end() && g->is_string()) {
+    std::printf("group:       %s\n", output::EscapeInvalidUtf8(g->get<std::string>().substr(0, 300)).c_str());
   }
   if (j.contains("last_event")) {
     auto const& e = j["last_event"];

@@ -4,26 +4,27 @@
 #include <nlohmann/json.hpp>
 
 #include "output/utf8.h"
+#include "storage/transfer.h"
 #include "retry/retry_loop.h"
 #include "common/strings.h"
 
 namespace spotvisor {
 namespace {
 
-class ComputeClientImpl final : public ComputeClient {
+class ComputeClientImpl : public ComputeClient {
  public:
   ComputeClientImpl(std::string endpoint, InstanceRef instance, std::unique_ptr<TokenProvider> tokens, Sleeper& sleeper)
       : endpoint_(std::move(endpoint)), i_(std::move(instance)), tokens_(std::move(tokens)), sleeper_(sleeper),
         http_(MakeCurlHttpClient()) {}
 
   Status StopInstance(const CallContext& ctx) override {
-    return Call("POST", InstanceUrl() + "/stop", "stop", "compute.instances.stop", ctx);
+    return Call("POST", InstanceUrl() + "/stop", "", "stop", "compute.instances.stop", ctx).status();
   }
   Status DeleteInstance(const CallContext& ctx) override {
-    return Call("DELETE", InstanceUrl(), "delete", "compute.instances.delete", ctx);
+    return Call("DELETE", InstanceUrl(), "", "delete", "compute.instances.delete", ctx).status();
   }
 
- private:
+ protected:
   std::string InstanceUrl() const {
     return fmt::format("{}/projects/{}/zones/{}/instances/{}", endpoint_, UrlEncode(i_.project), UrlEncode(i_.zone),
                        UrlEncode(i_.name));
@@ -32,8 +33,9 @@ class ComputeClientImpl final : public ComputeClient {
   // Stop and delete are idempotent (a second request finds the operation
   // under way or the VM gone), so transient failures are retried, briefly:
   // if the API stays unreachable the caller powers off instead.
-  Status Call(const std::string& method, const std::string& url, const char* verb, const char* permission,
-              const CallContext& ctx) {
+  // The answer's JSON (an operation) on success.
+  StatusOr<nlohmann::json> Call(const std::string& method, const std::string& url, const std::string& body,
+                                const std::string& verb, const char* permission, const CallContext& ctx) {
     LimitedErrorCountRetryPolicy retry(3);
     ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(4), 2.0);
     // Waits end at the deadline or on cancellation, as do requests.
@@ -58,22 +60,27 @@ class ComputeClientImpl final : public ComputeClient {
     // Stopping or deleting this VM a second time has the effect of once (an
     // answer that the VM is already stopping or gone counts as done), so a
     // lost answer is retried.
-    return RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&]() -> Status {
-      if (auto s = ctx.Check(fmt::format("{} instance {}", verb, i_.name)); !s.ok()) return s;
+    nlohmann::json answer;
+    auto done = RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&]() -> Status {
+      if (auto s = ctx.Check(Subject(verb)); !s.ok()) return s;
       auto auth = tokens_->AuthorizationHeader(ctx);
       if (!auth.ok()) return auth.status();
       HttpRequest req;
       req.method = method;
       req.url = url;
       req.timeout = ctx.Remaining(std::chrono::seconds(30));
-      if (req.timeout.count() <= 0) return DeadlineExceededError(fmt::format("{} instance {}: out of time", verb, i_.name));
+      if (req.timeout.count() <= 0) return DeadlineExceededError(Subject(verb) + ": out of time");
       req.connect_timeout = std::min(req.connect_timeout, req.timeout);
       if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
       if (method == "POST") req.headers.emplace_back("Content-Type", "application/json");
+      req.body = body;
       auto r = http_->Perform(req);
       if (!r.ok()) return r.status();
-      auto what = fmt::format("{} instance {} ({}/{})", verb, i_.name, i_.project, i_.zone);
-      if (r->status == 200) return OkStatus();
+      auto what = Subject(verb);
+      if (r->status == 200) {
+        answer = nlohmann::json::parse(r->body, nullptr, false);
+        return OkStatus();
+      }
       std::string server;
       auto j = nlohmann::json::parse(r->body, nullptr, false);
       if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
@@ -85,24 +92,106 @@ class ComputeClientImpl final : public ComputeClient {
         case 403:
           return PermissionDeniedError(fmt::format(
               "{}: permission denied (HTTP {}: {}). The VM's service account needs {} (e.g. roles/compute.instanceAdmin.v1) "
-              "and the VM an access scope that allows it (--scopes=compute-rw or cloud-platform)",
-              what, r->status, server, permission));
+              "on {} and the VM an access scope that allows it (--scopes=compute-rw or cloud-platform)",
+              what, r->status, server, permission, Scope()));
         case 404: return NotFoundError(fmt::format("{}: not found (HTTP 404: {})", what, server));
         default:
           if (r->status == 429 || r->status >= 500) return UnavailableError(fmt::format("{}: HTTP {}: {}", what, r->status, server));
           return InvalidArgumentError(fmt::format("{}: HTTP {}: {}", what, r->status, server));
       }
     });
+    if (!done.ok()) return done;
+    return answer;
   }
 
+  virtual std::string Subject(const std::string& verb) const {
+    return fmt::format("{} instance {} ({}/{})", verb, i_.name, i_.project, i_.zone);
+  }
+  virtual std::string Scope() const { return "the VM"; }
+
   std::string endpoint_;
-  InstanceRef i_;
+  const InstanceRef i_;
   std::unique_ptr<TokenProvider> tokens_;
   Sleeper& sleeper_;
   std::unique_ptr<HttpClient> http_;
 };
 
+// Leaving the group: deleteInstances on this VM, which also lowers the
+// group's target size, then the operation followed for a while so that a
+// refusal that comes in the operation (not in the answer) is seen.
+class MigClient final : public ComputeClientImpl, public GroupClient {
+ public:
+  MigClient(std::string endpoint, InstanceGroup g, InstanceRef self, std::unique_ptr<TokenProvider> tokens, Sleeper& sleeper)
+      : ComputeClientImpl(std::move(endpoint), std::move(self), std::move(tokens), sleeper), g_(std::move(g)) {}
+
+  std::string LeaveCall() const override {
+    return g_.kind == InstanceGroup::Kind::kRegionalMig ? "regionInstanceGroupManagers.deleteInstances"
+                                                         : "instanceGroupManagers.deleteInstances";
+  }
+
+  Status Leave(const CallContext& ctx) override {
+    // skipInstancesOnValidationError: a second request (after a lost
+    // answer) finds this VM already being deleted and changes nothing.
+    nlohmann::json body = {{"instances", {fmt::format("zones/{}/instances/{}", i_.zone, i_.name)}},
+                           {"skipInstancesOnValidationError", true}};
+    auto op = Call("POST", fmt::format("{}/{}/deleteInstances", endpoint_, GroupPath()), body.dump(), "leave",
+                   "compute.instanceGroupManagers.update", ctx);
+    if (!op.ok()) return op.status();
+    return Follow(*op, ctx);
+  }
+
+ private:
+  std::string GroupPath() const {
+    return fmt::format("projects/{}/{}/{}/instanceGroupManagers/{}", UrlEncode(g_.project),
+                       g_.kind == InstanceGroup::Kind::kRegionalMig ? "regions" : "zones", UrlEncode(g_.location),
+                       UrlEncode(g_.name));
+  }
+  std::string Subject(const std::string& verb) const override {
+    return fmt::format("{} {} with this VM ({})", verb, g_.Describe(), i_.name);
+  }
+  std::string Scope() const override { return "the group " + g_.Path(); }
+
+  // Up to 10 s (and never past ctx's deadline): an error in the operation
+  // is a refusal; an operation still running is the group at work (the VM
+  // goes when it is done).
+  Status Follow(nlohmann::json op, const CallContext& ctx) {
+    std::string name = op.is_object() && op.contains("name") && op["name"].is_string() ? op["name"].get<std::string>() : "";
+    auto until = ctx.clock ? ctx.clock->Now() + std::chrono::seconds(10) : SteadyTime::max();
+    ContextSleeper sleeper(ctx, &sleeper_);
+    for (;;) {
+      if (!op.is_object()) return OkStatus();
+      if (op.contains("error") && op["error"].is_object()) {
+        std::string message = "the operation failed";
+        auto const& errors = op["error"]["errors"];
+        if (errors.is_array() && !errors.empty() && errors[0].is_object()) {
+          std::string code = errors[0].value("code", "");
+          std::string text = errors[0].value("message", "");
+          message = output::EscapeInvalidUtf8(fmt::format("{}: {}", code, text).substr(0, 300));
+        }
+        return FailedPreconditionError(fmt::format("{}: {}", Subject("leave"), message));
+      }
+      if (op.value("status", "") == "DONE" || name.empty()) return OkStatus();
+      if (ctx.clock && ctx.clock->Now() >= until) return OkStatus();
+      if (!sleeper.SleepFor(std::chrono::seconds(1))) return OkStatus();
+      std::string where = g_.kind == InstanceGroup::Kind::kRegionalMig ? "regions" : "zones";
+      auto next = Call("GET", fmt::format("{}/projects/{}/{}/{}/operations/{}", endpoint_, UrlEncode(g_.project), where,
+                                          UrlEncode(g_.location), UrlEncode(name)),
+                       "", "follow the leave of", "compute.zoneOperations.get", ctx);
+      if (!next.ok()) return OkStatus();  // accepted already; following it is a courtesy
+      op = *std::move(next);
+    }
+  }
+
+  InstanceGroup g_;
+};
+
 }  // namespace
+
+std::unique_ptr<GroupClient> MakeMigClient(std::string endpoint, InstanceGroup group, InstanceRef self,
+                                           std::unique_ptr<TokenProvider> tokens, Sleeper& sleeper) {
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  return std::make_unique<MigClient>(std::move(endpoint), std::move(group), std::move(self), std::move(tokens), sleeper);
+}
 
 std::unique_ptr<ComputeClient> MakeComputeClient(std::string endpoint, InstanceRef instance,
                                                  std::unique_ptr<TokenProvider> tokens, Sleeper& sleeper) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "compute/group.h"
 #include "http/http_client.h"
 #include "retry/sleeper.h"
 #include "storage/token_provider.h"
@@ -35,5 +36,9 @@ class ComputeClient {
 // paths (/projects/P/zones/Z/instances/N...) are appended to it.
 std::unique_ptr<ComputeClient> MakeComputeClient(std::string endpoint, InstanceRef instance,
                                                  std::unique_ptr<TokenProvider> tokens, Sleeper& sleeper);
+
+// Leaving a managed instance group (group.h), with the same endpoint and token.
+std::unique_ptr<GroupClient> MakeMigClient(std::string endpoint, InstanceGroup group, InstanceRef self,
+                                           std::unique_ptr<TokenProvider> tokens, Sleeper& sleeper);
 
 }  // namespace spotvisor

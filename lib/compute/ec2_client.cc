@@ -21,31 +21,34 @@ std::string Env(const char* name) {
   return v ? v : "";
 }
 
-class Ec2Client final : public ComputeClient, public Ec2Tagger {
+// One AWS Query API (EC2's, Auto Scaling's): a form POST signed with SigV4.
+struct QueryApi {
+  const char* service;  // SigV4's service name
+  const char* version;
+  const char* prefix;   // of the IAM action, "ec2" / "autoscaling"
+};
+constexpr QueryApi kEc2Api{"ec2", kApiVersion, "ec2"};
+constexpr QueryApi kAutoScalingApi{"autoscaling", "2011-01-01", "autoscaling"};
+
+class QueryClient {
  public:
-  Ec2Client(std::string endpoint, Ec2InstanceRef i, std::unique_ptr<AwsCredentialProvider> creds, Sleeper& sleeper,
-            const Clock& clock)
-      : endpoint_(std::move(endpoint)), i_(std::move(i)), creds_(std::move(creds)), sleeper_(sleeper), clock_(clock),
-        http_(MakeCurlHttpClient) {}
+  QueryClient(QueryApi api, std::string endpoint, Ec2InstanceRef i, std::unique_ptr<AwsCredentialProvider> creds,
+              Sleeper& sleeper, const Clock& clock)
+      : api_(api), endpoint_(std::move(endpoint)), i_(std::move(i)), creds_(std::move(creds)), sleeper_(sleeper),
+        clock_(clock), http_(MakeCurlHttpClient) {}
 
-  Status StopInstance(const CallContext& ctx) override { return Call("StopInstances", "stop", "", ctx); }
-  Status DeleteInstance(const CallContext& ctx) override { return Call("TerminateInstances", "terminate", "", ctx); }
-  // Setting a tag to the value it has changes nothing: idempotent too.
-  Status SetTag(const std::string& key, const std::string& value, const CallContext& ctx) override {
-    return Call("CreateTags", "tag", fmt::format("&Tag.1.Key={}&Tag.1.Value={}", AwsUriEncode(key, false),
-                                                 AwsUriEncode(value.substr(0, 256), false)),
-                ctx);
-  }
-
- private:
-  // Both actions are idempotent (stopping a stopping instance, terminating a
-  // terminated one, changes nothing), so transient failures are retried,
-  // briefly: if the API stays unreachable the caller powers off instead.
-  Status Call(const char* action, const char* verb, const std::string& extra, const CallContext& ctx) {
+ protected:
+  // Every call made here is idempotent (stopping a stopping instance,
+  // terminating a terminated one, setting a tag to its value, leaving a
+  // group already left), so transient failures are retried, briefly: if the
+  // API stays unreachable the caller powers off instead. `params` follow
+  // Action=...&; `what` names the call in errors, `scope` what the
+  // permission is needed on.
+  Status Call(const char* action, const std::string& params, const std::string& what, const std::string& scope,
+              const CallContext& ctx) {
     LimitedErrorCountRetryPolicy retry(3);
     ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(4), 2.0);
     ContextSleeper sleeper(ctx, &sleeper_);
-    std::string what = fmt::format("{} instance {} ({})", verb, i_.instance_id, i_.region);
     bool token_retried = false;
     return RetryLoop(retry, backoff, Idempotency::kIdempotent, sleeper, [&]() -> Status {
       if (auto s = ctx.Check(what); !s.ok()) return s;
@@ -55,12 +58,9 @@ class Ec2Client final : public ComputeClient, public Ec2Tagger {
       req.method = "POST";
       req.url = endpoint_ + "/";
       req.timeout = std::chrono::seconds(30);
-      // CreateTags names its instance as a resource; the others as an instance.
-      req.body = fmt::format("Action={}&{}.1={}{}&Version={}", action,
-                             std::string_view(action) == "CreateTags" ? "ResourceId" : "InstanceId",
-                             AwsUriEncode(i_.instance_id, false), extra, kApiVersion);
+      req.body = fmt::format("Action={}&{}&Version={}", action, params, api_.version);
       req.headers = {{"Content-Type", "application/x-www-form-urlencoded; charset=utf-8"}};
-      if (auto s = SignV4(req, *creds, i_.region, "ec2", Sha256Hex(req.body), clock_.WallNow()); !s.ok()) return s;
+      if (auto s = SignV4(req, *creds, i_.region, api_.service, Sha256Hex(req.body), clock_.WallNow()); !s.ok()) return s;
       auto r = http_.Send(req, ctx);
       if (!r.ok()) return Status(r.status().code(), what + ": " + r.status().message());
       if (r->status == 200) return OkStatus();
@@ -72,22 +72,25 @@ class Ec2Client final : public ComputeClient, public Ec2Tagger {
         token_retried = true;
         return UnavailableError(fmt::format("{}: {}; fetching the credentials again", what, server));
       }
-      if (code == "UnauthorizedOperation" || r->status == 403) {
-        return PermissionDeniedError(fmt::format("{}: {}. The credentials ({}) need ec2:{} on this instance", what,
-                                                 server, creds_->Source(), action));
+      if (code == "UnauthorizedOperation" || code == "AccessDenied" || r->status == 403) {
+        return PermissionDeniedError(fmt::format("{}: {}. The credentials ({}) need {}:{} on {}", what, server,
+                                                 creds_->Source(), api_.prefix, action, scope));
       }
-      if (code == "AuthFailure" || code == "SignatureDoesNotMatch") {
-        return PermissionDeniedError(fmt::format("{}: EC2 refused the credentials from the {} ({})", what,
+      if (code == "AuthFailure" || code == "SignatureDoesNotMatch" || code == "InvalidClientTokenId") {
+        return PermissionDeniedError(fmt::format("{}: {} refused the credentials from the {} ({})", what,
+                                                 api_.service == std::string_view("ec2") ? "EC2" : "Auto Scaling",
                                                  creds_->Source(), server));
       }
       if (code == "InvalidInstanceID.NotFound") return NotFoundError(fmt::format("{}: {}", what, server));
-      if (r->status >= 500 || code == "RequestLimitExceeded" || code == "Unavailable") {
+      if (r->status >= 500 || code == "RequestLimitExceeded" || code == "Unavailable" || code == "Throttling" ||
+          code == "ServiceUnavailable") {
         return UnavailableError(fmt::format("{}: {}", what, server));
       }
       return InvalidArgumentError(fmt::format("{}: {}", what, server));
     });
   }
 
+  QueryApi api_;
   std::string endpoint_;
   Ec2InstanceRef i_;
   std::unique_ptr<AwsCredentialProvider> creds_;
@@ -95,6 +98,58 @@ class Ec2Client final : public ComputeClient, public Ec2Tagger {
   const Clock& clock_;
   HttpPool http_;
 };
+
+class Ec2Client final : public QueryClient, public ComputeClient, public Ec2Tagger {
+ public:
+  using QueryClient::QueryClient;
+
+  Status StopInstance(const CallContext& ctx) override { return Ec2Call("StopInstances", "stop", "", ctx); }
+  Status DeleteInstance(const CallContext& ctx) override { return Ec2Call("TerminateInstances", "terminate", "", ctx); }
+  Status SetTag(const std::string& key, const std::string& value, const CallContext& ctx) override {
+    return Ec2Call("CreateTags", "tag", fmt::format("&Tag.1.Key={}&Tag.1.Value={}", AwsUriEncode(key, false),
+                                                    AwsUriEncode(value.substr(0, 256), false)),
+                   ctx);
+  }
+
+ private:
+  Status Ec2Call(const char* action, const char* verb, const std::string& extra, const CallContext& ctx) {
+    // CreateTags names its instance as a resource; the others as an instance.
+    auto params = fmt::format("{}.1={}{}", std::string_view(action) == "CreateTags" ? "ResourceId" : "InstanceId",
+                              AwsUriEncode(i_.instance_id, false), extra);
+    return Call(action, params, fmt::format("{} instance {} ({})", verb, i_.instance_id, i_.region), "this instance", ctx);
+  }
+};
+
+// Leaving an Auto Scaling group: TerminateInstanceInAutoScalingGroup with
+// ShouldDecrementDesiredCapacity, so that the group launches nothing in its
+// place. The answer is synchronous (an Activity, or a ValidationError).
+class AsgClient final : public QueryClient, public GroupClient {
+ public:
+  AsgClient(std::string endpoint, InstanceGroup g, Ec2InstanceRef i, std::unique_ptr<AwsCredentialProvider> creds,
+            Sleeper& sleeper, const Clock& clock)
+      : QueryClient(kAutoScalingApi, std::move(endpoint), std::move(i), std::move(creds), sleeper, clock),
+        g_(std::move(g)) {}
+
+  std::string LeaveCall() const override { return "TerminateInstanceInAutoScalingGroup"; }
+  Status Leave(const CallContext& ctx) override {
+    return Call("TerminateInstanceInAutoScalingGroup",
+                fmt::format("InstanceId={}&ShouldDecrementDesiredCapacity=true", AwsUriEncode(i_.instance_id, false)),
+                fmt::format("leave {} with this instance ({})", g_.Describe(), i_.instance_id),
+                fmt::format("the group {}", g_.name), ctx);
+  }
+
+ private:
+  InstanceGroup g_;
+};
+
+std::string Endpoint(std::string endpoint, std::initializer_list<const char*> env, const std::string& fallback) {
+  for (const char* name : env) {
+    if (endpoint.empty()) endpoint = Env(name);
+  }
+  if (endpoint.empty()) endpoint = fallback;
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  return endpoint;
+}
 
 }  // namespace
 
@@ -115,11 +170,10 @@ namespace {
 std::unique_ptr<Ec2Client> MakeClient(std::string endpoint, Ec2InstanceRef instance,
                                       std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
                                       const Clock& clock) {
-  if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL_EC2");
-  if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL");
-  if (endpoint.empty()) endpoint = fmt::format("https://ec2.{}.amazonaws.com", instance.region);
-  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-  return std::make_unique<Ec2Client>(std::move(endpoint), std::move(instance), std::move(credentials), sleeper, clock);
+  endpoint = Endpoint(std::move(endpoint), {"AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL"},
+                      fmt::format("https://ec2.{}.amazonaws.com", instance.region));
+  return std::make_unique<Ec2Client>(kEc2Api, std::move(endpoint), std::move(instance), std::move(credentials), sleeper,
+                                     clock);
 }
 }  // namespace
 
@@ -133,6 +187,15 @@ std::unique_ptr<Ec2Tagger> MakeEc2Tagger(std::string endpoint, Ec2InstanceRef in
                                          std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
                                          const Clock& clock) {
   return MakeClient(std::move(endpoint), std::move(instance), std::move(credentials), sleeper, clock);
+}
+
+std::unique_ptr<GroupClient> MakeAsgClient(std::string endpoint, InstanceGroup group, Ec2InstanceRef instance,
+                                           std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
+                                           const Clock& clock) {
+  endpoint = Endpoint(std::move(endpoint), {"AWS_ENDPOINT_URL_AUTO_SCALING", "AWS_ENDPOINT_URL"},
+                      fmt::format("https://autoscaling.{}.amazonaws.com", instance.region));
+  return std::make_unique<AsgClient>(std::move(endpoint), std::move(group), std::move(instance), std::move(credentials),
+                                     sleeper, clock);
 }
 
 }  // namespace spotvisor

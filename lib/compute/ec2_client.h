@@ -24,6 +24,13 @@ std::unique_ptr<ComputeClient> MakeEc2ComputeClient(std::string endpoint, Ec2Ins
                                                     std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
                                                     const Clock& clock);
 
+// Leaving an Auto Scaling group (group.h). `endpoint` empty:
+// AWS_ENDPOINT_URL_AUTO_SCALING, then AWS_ENDPOINT_URL, then
+// https://autoscaling.REGION.amazonaws.com.
+std::unique_ptr<GroupClient> MakeAsgClient(std::string endpoint, InstanceGroup group, Ec2InstanceRef instance,
+                                           std::unique_ptr<AwsCredentialProvider> credentials, Sleeper& sleeper,
+                                           const Clock& clock);
+
 // Instance tags on this instance (CreateTags), where an operator sees the
 // run's phase in the console or `aws ec2 describe-tags` without ssh.
 class Ec2Tagger {

@@ -437,6 +437,9 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   res.ByteSize("sync-parallel-min-size", c.sync_parallel_min_size);
   res.OneOf<bool>("restart", {{"never", false}, {"on-failure", true}}, c.restart_on_failure);
   res.Integer("max-restarts", 0, 1000, c.max_restarts);
+  res.Integer("max-failed-boots", 0, 1000, c.max_failed_boots);
+  c.group = std::string(Trim(res.Get("group").value));
+  if (c.group.empty()) c.group = "auto";
   c.restart_delay = res.Duration("restart-delay", c.restart_delay);
   c.max_runtime = res.Duration("max-runtime", c.max_runtime);
   c.maintenance_stop_lead = res.Duration("maintenance-stop-lead", c.maintenance_stop_lead);

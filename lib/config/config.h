@@ -64,6 +64,8 @@ struct Config {
   OnExit on_exit = OnExit::kNone;
   std::optional<OnExit> on_exit_success, on_exit_failure;  // unset: on_exit
   std::string compute_endpoint;
+  std::string group = "auto";  // auto | none | a group (compute/group.h); resolved in app/group.cc
+  int max_failed_boots = 3;    // 0: no limit
   std::string shutdown_command;
   LogFormat log_format = LogFormat::kAuto;
   LogTo log_to = LogTo::kAuto;

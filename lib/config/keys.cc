@@ -22,6 +22,13 @@ const std::vector<KeySpec>& AllKeys() {
       {"on-exit-failure", "", "on-exit after a run that failed (empty: on-exit)"},
       {"compute-endpoint", "https://compute.googleapis.com/compute/v1",
        "Compute Engine API endpoint for on-exit stop | delete; request paths are appended to it"},
+      {"group", "auto",
+       "The VM's group, which brings it back after a preemption: auto (GCE: the created-by attribute; EC2: the tag "
+       "aws:autoscaling:groupName) | none | a MIG (projects/P/zones/Z/instanceGroupManagers/N, or regions/R) | an Auto "
+       "Scaling group's name. In a group, an ending that should stop the billing leaves the group instead of on-exit"},
+      {"max-failed-boots", "3",
+       "After this many failed boots of the run in a row (trainer failed; restore, mount or sync failed), the run is "
+       "marked failed (RUN_ID/FAILED) and every later boot ends at once (0: no limit; 0-1000)"},
       {"shutdown-command", "systemctl poweroff", "How on-exit=poweroff powers off (run by /bin/sh -c)"},
       {"restart", "never",
        "never | on-failure: start a trainer that crashed (non-zero exit not caused by our stop) again"},

@@ -25,6 +25,7 @@ std::string BootJson(const Boot& b) {
             {"run_id", b.run_id},
             {"instance", b.instance},
             {"zone", b.zone},
+            {"group", b.group.empty() ? Json(nullptr) : Json(b.group)},
             {"token", b.token},
             {"started_at", FormatRfc3339(b.started_at)},
             {"ended_at", b.ended_at ? Json(FormatRfc3339(*b.ended_at)) : Json(nullptr)},
@@ -53,8 +54,8 @@ StatusOr<Boot> ParseBoot(const std::string& name, std::string_view text) {
     return true;
   };
   if (!str("run_id", b.run_id, true) || !str("instance", b.instance, true) || !str("zone", b.zone, false) ||
-      !str("token", b.token, true) || !str("reason", b.reason, false)) {
-    return bad("run_id, instance and token must be strings (zone and reason strings or null)");
+      !str("token", b.token, true) || !str("reason", b.reason, false) || !str("group", b.group, false)) {
+    return bad("run_id, instance and token must be strings (zone, group and reason strings or null)");
   }
   std::string started, ended;
   if (!str("started_at", started, true) || !str("ended_at", ended, false)) return bad("started_at must be a time");

@@ -8,7 +8,7 @@
 // runs (issue #30) count their failed boots and preemptions from these.
 //
 //   RUN_ID/boots/STARTED-INSTANCE.TOKEN.json
-//     {"version": 1, "run_id", "instance", "zone", "token", "started_at",
+//     {"version": 1, "run_id", "instance", "zone", "group", "token", "started_at",
 //      "ended_at", "reason", "exit_code", "vm_seconds", "uncommitted_files",
 //      "uncommitted_bytes", "sequence"}
 //
@@ -35,6 +35,7 @@ inline constexpr char kBootsDir[] = "boots/";
 struct Boot {
   std::string name;  // the object, relative to RUN_ID/
   std::string run_id, instance, zone, token;
+  std::string group;  // the VM's group (compute/group.h Path()), "" for none
   WallTime started_at;
   std::optional<WallTime> ended_at;  // nullopt: not ended (running, or the VM vanished)
   std::string reason;                // the run's end reason (run.end), "" while not ended
@@ -64,6 +65,10 @@ class BootRecord {
   Status Begin(const CallContext& ctx);
   Status End(const BootEnd& end, const CallContext& ctx);
   const std::string& name() const { return boot_.name; }
+  void SetGroup(std::string group) {
+    std::lock_guard lk(mu_);
+    boot_.group = std::move(group);
+  }
 
  private:
   std::shared_ptr<ObjectStore> store_;

@@ -111,6 +111,7 @@ Status ValidateStatusJson(const nlohmann::json& j, const std::string& where) {
                         {"deadline", Kind::kString},
                         {"reason", Kind::kString},
                         {"bucket", Kind::kString},
+                        {"group", Kind::kString},
                         {"spotvisor_pid", Kind::kInt, false, 1, INT_MAX},
                         {"trainer_pid", Kind::kInt, true, 1, INT_MAX},
                         {"exit_code", Kind::kInt, false, INT_MIN, INT_MAX},

@@ -31,6 +31,7 @@ nlohmann::json StatusFileObserver::Json(const RunView& v) const {
   if (v.start_time_ticks) j["start_time_ticks"] = *v.start_time_ticks;
   if (!v.boot_id.empty()) j["boot_id"] = v.boot_id;
   if (!v.bucket.empty()) j["bucket"] = v.bucket;
+  if (!v.group.empty()) j["group"] = v.group;
   if (v.exit_code) j["exit_code"] = *v.exit_code;
   if (v.deadline) {
     j["deadline"] = FormatRfc3339(clock_.WallNow() + std::chrono::duration_cast<std::chrono::system_clock::duration>(
@@ -60,6 +61,7 @@ void GuestAttributesObserver::OnChange(const RunView& v) {
       {"checkpoint", v.checkpoint.is_null() ? "" : Dump(v.checkpoint)},
       {"transfer", v.transfer.is_null() ? "" : Dump(v.transfer)},
       {"gang", v.gang.is_null() ? "" : Dump(v.gang)},
+      {"group", v.group},
   });
 }
 

@@ -34,6 +34,7 @@ struct RunView {
   std::optional<SteadyTime> deadline;
   bool ending = false;             // what systemd hears as STOPPING=1
   std::string bucket;              // empty: none
+  std::string group;               // the VM's group (compute/group.h Path()); empty: none
   std::string last_event, last_message;
   nlohmann::json last_sync;        // null: no sync yet
   nlohmann::json checkpoint;       // DurabilityTracker::Json; null: no bucket, or not restored yet

@@ -18,6 +18,8 @@ constexpr int kExitRestoreFailed = 74;
 constexpr int kExitSyncFailed = 73;
 // EX_OSFILE: a disk or the bucket could not be mounted, so the trainer never ran.
 constexpr int kExitMountFailed = 72;
+// The run is marked failed (RUN_ID/FAILED, run/budget.h): the trainer never ran.
+constexpr int kExitRunFailed = 76;
 // EX_CONFIG: the gang's members disagree (size, command) or a name is taken.
 constexpr int kExitGangRefused = 78;
 
@@ -80,6 +82,7 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kGangEnded: return "gang-ended";
     case EndReason::kGangFormFailed: return "gang-form-failed";
     case EndReason::kSyncFailed: return "sync-failed";
+    case EndReason::kRunFailed: return "run-failed";
   }
   return "?";
 }
@@ -90,6 +93,7 @@ Severity EndSeverity(EndReason r) {
     case EndReason::kRestoreFailed:
     case EndReason::kMountFailed:
     case EndReason::kSyncFailed:
+    case EndReason::kRunFailed:
     case EndReason::kSyncStalled: return Severity::kError;
     case EndReason::kGangFormFailed: return Severity::kWarning;
     default: return Severity::kNotice;
@@ -301,7 +305,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     // Restoring.
     on(In(S::kRestoring, S::kRestoreCancelled), restored,
        "failed: the run ends `restore-failed` (exit 74: never start from scratch over a newer checkpoint); "
-       "a DONE marker: `already-done`; stopped or preempted meanwhile: the run ends without a trainer; else spawn the trainer",
+       "a DONE marker: `already-done`; a FAILED marker (too many failed boots in a row): `run-failed` (exit 76); stopped or preempted meanwhile: the run ends without a trainer; else spawn the trainer",
        [](M& m, const RestoreDone& e, SteadyTime now, Out& out) { m.OnRestoreDone(e, now, out); });
     on(In(S::kRestoring), deadline, "`restore.failed` (restore did not finish in time): the run ends `restore-failed` (exit 74)",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
@@ -904,6 +908,12 @@ void StateMachine::OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vect
   if (e.already_done) {
     reason_ = EndReason::kAlreadyDone;
     exit_code_ = 0;
+    Finish(now, out);
+    return;
+  }
+  if (e.run_failed) {
+    reason_ = EndReason::kRunFailed;
+    exit_code_ = kExitRunFailed;
     Finish(now, out);
     return;
   }

@@ -77,6 +77,7 @@ enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, 
                        kGangEnded,       // another member ended the gang's generation
                        kGangFormFailed,  // the gang did not form (refused, or not within gang-form-timeout)
                        kSyncFailed,      // the trainer exited 0, but the final sync did not reach the bucket (exit 73)
+                       kRunFailed,       // RUN_ID/FAILED: too many failed boots in a row (run/budget.h; exit 76)
 };
 // How loud a run.end is: ERROR where the run's work is at risk or lost
 // (failed, restore-failed, mount-failed, sync-failed, sync-stalled),
@@ -113,6 +114,7 @@ struct RestoreDone {
   bool already_done = false;  // DONE found: do not train again
   bool resumed = false;
   std::string error;
+  bool run_failed = false;  // FAILED found (run/budget.h): do not train again
 };
 struct Release {};
 struct MountsDone {

@@ -330,6 +330,18 @@ TEST_CASE("DONE found: no training, straight to on-exit") {
   CHECK(h.machine.exit_code() == 0);
 }
 
+TEST_CASE("FAILED found (too many failed boots in a row): no training, run-failed (exit 76), on-exit") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  RestoreDone failed;
+  failed.run_failed = true;
+  Only<RunOnExit>(h.On(failed));
+  CHECK(h.Last("run.end").fields["reason"] == "run-failed");
+  CHECK(h.Last("run.end").severity == Severity::kError);
+  CHECK(h.machine.exit_code() == 76);
+  CHECK(*h.machine.end_reason() == EndReason::kRunFailed);
+}
+
 TEST_CASE("preempted while restoring: the trainer is not started afterwards") {
   Harness h(SyncOptions());
   h.On(StartEvent{});

@@ -487,6 +487,7 @@ void Supervisor::Dispatch(const Event& e) {
       }
       if (options_.sync) end.sequence = options_.sync->Committed().sequence;
       if (auto b = options_.boot->End(end, ctx); !b.ok()) logger_.Warn("run.record_failed", b.message());
+      CheckBudgetAtEnd(ctx);
     }
     ReleaseClaim(ctx);
   }
@@ -684,8 +685,9 @@ void Supervisor::StartRestore() {
   ArmClaimTimer();
   auto claim = options_.claim;
   auto boot = boot_begun_ ? nullptr : options_.boot;
+  auto budget = boot ? options_.budget : nullptr;  // once per process, like the record
   boot_begun_ = true;
-  pool_.Post([this, engine, ctx, run, rank, size, claim, boot] {
+  pool_.Post([this, engine, ctx, run, rank, size, claim, boot, budget] {
     // Live on the run from before the restore on (issue #28): `spotvisor gc`
     // on a laptop must not delete what this VM is about to restore.
     if (claim) {
@@ -728,6 +730,38 @@ void Supervisor::StartRestore() {
         }
         logger_.Log(LogEvent{rb.set_aside.empty() ? Severity::kInfo : Severity::kWarning, "gang.set_restore", message, f});
       });
+    }
+    // The run's budget of failed boots (issue #30): a run marked failed
+    // does not train again; the failed boots before this one are counted
+    // for when this one ends.
+    if (budget) {
+      std::vector<std::string> problems;
+      auto b = budget->Check(ctx, &problems);
+      bool marked = b.ok() && b->failed_marker;
+      asio::post(io_, [this, b, problems, budget] {
+        for (auto const& p : problems) logger_.Warn("run.record_unreadable", p + " (not counted)");
+        if (!b.ok()) {
+          logger_.Warn("run.budget_unknown", "cannot count the run's failed boots: " + b.status().message());
+        } else if (b->failed_marker) {
+          logger_.Log(LogEvent{Severity::kError, "run.marked_failed",
+                               fmt::format("{} is there: this run failed at too many boots in a row; not training "
+                                           "again (delete it, or use a new run-id, once the cause is fixed)",
+                                           budget->MarkerName()),
+                               {{"marker", *b->failed_marker}}});
+        } else {
+          failed_before_ = b->failed_in_a_row;
+        }
+      });
+      if (marked) {
+        if (boot) (void)boot->Begin(ctx);
+        asio::post(io_, [this] {
+          transfer_ = nullptr;
+          RestoreDone done;
+          done.run_failed = true;
+          Dispatch(done);
+        });
+        return;
+      }
     }
     auto r = engine->Restore(ctx);
     // This boot in the run's history (once per process, not per restore),
@@ -862,6 +896,7 @@ nlohmann::json Supervisor::RunStatusJson(nlohmann::json fields) const {
   fields["run_id"] = options_.config.run_id;
   fields["time"] = FormatRfc3339(clock_.WallNow());
   if (!options_.instance.empty()) fields["instance"] = options_.instance;
+  if (options_.group) fields["group"] = options_.group->Path();
   return fields;
 }
 
@@ -1370,7 +1405,7 @@ OnExit Supervisor::OnExitFor(EndReason reason) const {
   // A trainer that succeeded but whose results never reached the bucket is
   // not a success: on-exit-success (delete, say) would destroy the only copy.
   bool failure = reason == EndReason::kFailed || reason == EndReason::kRestoreFailed || reason == EndReason::kMountFailed ||
-                 reason == EndReason::kSyncStalled || reason == EndReason::kSyncFailed;
+                 reason == EndReason::kSyncStalled || reason == EndReason::kSyncFailed || reason == EndReason::kRunFailed;
   if (success && c.on_exit_success) return *c.on_exit_success;
   if (failure && c.on_exit_failure) return *c.on_exit_failure;
   return c.on_exit;
@@ -1384,6 +1419,15 @@ void Supervisor::RunOnExit() {
   if (action == OnExit::kNone) {
     logger_.Info("shutdown.skipped", fmt::format("on-exit is none after a {} run: leaving the machine running", EndReasonName(reason)));
     asio::post(io_, [this] { Dispatch(OnExitDone{0}); });
+    return;
+  }
+  if (options_.group && options_.make_group) {
+    // In a group, stopping or deleting the VM (or powering it off) would be
+    // undone by the group. A failed boot within the budget is deleted for
+    // the group to recreate (another try on a fresh VM); every other ending
+    // leaves the group. Without a bucket there is no budget: no retries.
+    bool failure = JudgeBootEnd(EndReasonName(reason)) == BootVerdict::kFailure;
+    LeaveGroup(failure && options_.budget && !budget_exhausted_);
     return;
   }
   if (action == OnExit::kPoweroff) {
@@ -1419,6 +1463,106 @@ void Supervisor::RunOnExit() {
       Dispatch(OnExitDone{1});
     });
   });
+}
+
+void Supervisor::LeaveGroup(bool retry) {
+  auto const& g = *options_.group;
+  CallContext ctx;
+  ctx.cancel = compute_cancel_ = NewWork();
+  ctx.clock = &clock_;
+  ctx.deadline = machine_.deadline();  // half the on-exit budget
+  nlohmann::json f = {{"group", g.Path()}, {"group_kind", g.KindName()}};
+  if (retry) {
+    if (!options_.make_compute) {
+      logger_.Error("group.retry_failed", fmt::format("cannot delete this VM for {} to recreate it (no metadata server): "
+                                                      "powering off instead",
+                                                      g.Describe()));
+      RunPoweroff();
+      return;
+    }
+    f["action"] = "retry";
+    logger_.Log(LogEvent{Severity::kNotice, "shutdown.start",
+                         fmt::format("failed boot {} of {} in a row: asking {} to delete this VM, so that {} recreates "
+                                     "it for another try",
+                                     failed_before_.size() + 1, options_.budget->max() > 0 ? std::to_string(options_.budget->max()) : "unlimited",
+                                     options_.compute_api, g.Describe()),
+                         f});
+  }
+  std::shared_ptr<GroupClient> client;
+  if (!retry) {
+    client = options_.make_group(compute_sleeper_);
+    if (!client) {
+      logger_.Error("shutdown.api_failed", fmt::format("cannot leave {}: this instance's region is not known; powering "
+                                                       "off instead",
+                                                       g.Describe()));
+      RunPoweroff();
+      return;
+    }
+    f["action"] = "leave";
+    logger_.Log(LogEvent{Severity::kNotice, "shutdown.start",
+                         fmt::format("leaving {}: {} on this VM, so that the group's size goes down and nothing "
+                                     "replaces it",
+                                     g.Describe(), client->LeaveCall()),
+                         f});
+  }
+  pool_.Post([this, retry, ctx, client] {
+    Status s = retry ? options_.make_compute(compute_sleeper_)->DeleteInstance(ctx) : client->Leave(ctx);
+    asio::post(io_, [this, s, retry] {
+      if (machine_.phase() != Phase::kFinishing) return;  // abandoned meanwhile
+      auto const& group = *options_.group;
+      if (s.ok()) {
+        logger_.Info("shutdown.api_done", retry ? fmt::format("the delete was accepted; {} brings a new VM", group.Describe())
+                                                : fmt::format("{} accepted: this VM is leaving it", group.Describe()));
+        Dispatch(OnExitDone{0});
+        return;
+      }
+      // Never a self-delete the group would undo: power off instead.
+      logger_.Error("shutdown.api_failed",
+                    fmt::format("{} failed: {}; powering off instead", retry ? "deleting this VM" : "leaving the group",
+                                s.message()),
+                    {{"error", s.message()}, {"group", group.Path()}});
+      Dispatch(OnExitDone{1});
+    });
+  });
+}
+
+// The end of a boot that failed: one more failed boot in a row. When that
+// uses up max-failed-boots, RUN_ID/FAILED is written (the caller's 3 s) and
+// this boot leaves its group instead of being recreated.
+void Supervisor::CheckBudgetAtEnd(const CallContext& ctx) {
+  auto const& budget = options_.budget;
+  if (!budget || !machine_.end_reason()) return;
+  std::string reason = EndReasonName(*machine_.end_reason());
+  if (JudgeBootEnd(reason) != BootVerdict::kFailure) return;
+  auto failed = failed_before_;
+  failed.push_back(options_.boot ? options_.boot->name() : options_.instance);
+  int n = static_cast<int>(failed.size());
+  nlohmann::json f = {{"failed_in_a_row", n}, {"max_failed_boots", budget->max()}};
+  if (budget->max() == 0 || n < budget->max()) {
+    logger_.Warn("run.failed_boot",
+                 fmt::format("failed boot {} in a row{} ({}): {}", n,
+                             budget->max() > 0 ? fmt::format(" of max-failed-boots {}", budget->max()) : "", reason,
+                             options_.group ? "the group brings a new VM for another try" : "a later boot tries again"),
+                 f);
+    return;
+  }
+  bool already = false;
+  auto s = budget->MarkFailed(failed, options_.instance, reason, ctx, &already);
+  budget_exhausted_ = true;
+  if (!s.ok()) {
+    logger_.Error("run.mark_failed_failed",
+                  fmt::format("{} failed boots in a row, but {}; this boot still {}", n, s.message(),
+                              options_.group ? "leaves its group" : "runs on-exit"),
+                  f);
+    return;
+  }
+  f["marker"] = budget->MarkerName();
+  logger_.Log(LogEvent{Severity::kError, "run.marked_failed",
+                       fmt::format("{} failed boots in a row (max-failed-boots {}): {} {}; later boots of this run end "
+                                   "at once{}",
+                                   n, budget->max(), budget->MarkerName(), already ? "was already there" : "written",
+                                   options_.group ? ", and this VM leaves its group" : ""),
+                       f});
 }
 
 // The on-exit action hung or failed: cancel the API call, kill the command
@@ -1513,6 +1657,7 @@ RunView Supervisor::View(const LogEvent& last) const {
   v.deadline = machine_.deadline();
   v.ending = machine_.Ending();
   if (options_.sync) v.bucket = options_.sync->Describe();
+  if (options_.group) v.group = options_.group->Path();
   v.last_event = last.event;
   v.last_message = last.message;
   v.last_sync = last_sync_;

@@ -27,6 +27,8 @@
 #include "sync/sync_engine.h"
 #include "sync/checkpoint_set.h"
 #include "run/boots.h"
+#include "run/budget.h"
+#include "compute/group.h"
 #include "run/claim.h"
 #include "notify/service_notifier.h"
 #include "mount/mount_manager.h"
@@ -59,6 +61,13 @@ struct SupervisorOptions {
   // (run/boots.h); null without a bucket.
   std::shared_ptr<RunClaim> claim;
   std::shared_ptr<BootRecord> boot;
+  // The budget of failed boots in a row (run/budget.h); null without a bucket.
+  std::shared_ptr<RunBudget> budget;
+  // The group that brings this VM back (compute/group.h; issue #30): an
+  // ending that should stop the billing leaves it; a failed boot within the
+  // budget deletes the VM for the group to recreate. nullopt: in no group.
+  std::optional<InstanceGroup> group;
+  std::function<std::unique_ptr<GroupClient>(Sleeper&)> make_group;
   // on-exit stop | delete; null without a metadata server (then: poweroff).
   std::function<std::unique_ptr<ComputeClient>(Sleeper&)> make_compute;
   std::string compute_api = "the Compute Engine API";  // or "the EC2 API", for messages
@@ -123,6 +132,8 @@ class Supervisor {
   bool IsOurHelper(pid_t pid) const;
   void RunOnExit();
   void RunPoweroff();
+  void LeaveGroup(bool retry);
+  void CheckBudgetAtEnd(const CallContext& ctx);
   void AbandonOnExit();
   void ForcePoweroff();
   OnExit OnExitFor(EndReason reason) const;
@@ -182,6 +193,10 @@ class Supervisor {
   boost::asio::steady_timer claim_timer_;
   std::atomic<bool> claim_released_{false};
   bool boot_begun_ = false;  // the boot record was begun (StartRestore, once)
+  // The failed boots in a row before this one (run/budget.h), read at the
+  // restore; set when this boot's failure used up the budget (FAILED written).
+  std::vector<std::string> failed_before_;
+  bool budget_exhausted_ = false;
   // Renews this VM's claim on the run every third of its lifetime (run/claim.h).
   void ArmClaimTimer();
   void RenewClaim(const std::string& state);

@@ -1,0 +1,60 @@
+// The group a VM belongs to (issue #30): a GCE managed instance group (zonal
+// or regional) or an EC2 Auto Scaling group. The group is what brings a
+// preempted VM back, so a VM in one never stops or deletes itself when its
+// run is over (the group would undo that, boot after boot): it leaves
+// through the group, which lowers the group's size.
+//
+// Where it comes from (`group` key: auto | none | a group):
+//   GCE   the instance attribute created-by,
+//         projects/NUM/zones/Z/instanceGroupManagers/NAME or
+//         projects/NUM/regions/R/instanceGroupManagers/NAME
+//   EC2   the instance tag aws:autoscaling:groupName
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/cancel.h"
+#include "common/status.h"
+
+namespace spotvisor {
+
+struct InstanceGroup {
+  enum class Kind { kZonalMig, kRegionalMig, kAsg };
+  Kind kind = Kind::kZonalMig;
+  std::string project;   // GCE: the project (number or id), as the URL gives it
+  std::string location;  // GCE: the zone or region; EC2: the region
+  std::string name;
+  std::string source;  // where it was learnt: "created-by", "aws:autoscaling:groupName", "the group key"
+
+  bool gce() const { return kind != Kind::kAsg; }
+  // projects/P/zones/Z/instanceGroupManagers/N (or regions/R), or the ASG's name.
+  std::string Path() const;
+  // "zonal MIG trainers (us-central1-a)", "Auto Scaling group trainers (eu-west-1)".
+  std::string Describe() const;
+  std::string KindName() const;  // zonal-mig, regional-mig, asg
+};
+
+// A MIG's URL: full (https://www.googleapis.com/compute/v1/projects/...,
+// https://compute.googleapis.com/compute/v1/projects/...) or partial
+// (projects/...). Anything else is an error that names the value.
+StatusOr<InstanceGroup> ParseMigUrl(std::string_view text);
+// An Auto Scaling group's name: 1-255 characters, no control characters.
+StatusOr<InstanceGroup> ParseAsgName(std::string_view text, std::string region);
+
+// How a VM leaves its group, or is replaced by it.
+class GroupClient {
+ public:
+  virtual ~GroupClient() = default;
+  // Deletes this VM through its group and lowers the group's target size /
+  // desired capacity by one: nothing comes back in its place.
+  // GCE instanceGroupManagers.deleteInstances (skipInstancesOnValidationError);
+  // EC2 TerminateInstanceInAutoScalingGroup, ShouldDecrementDesiredCapacity.
+  virtual Status Leave(const CallContext& ctx) = 0;
+  // "instanceGroupManagers.deleteInstances" etc., for messages.
+  virtual std::string LeaveCall() const = 0;
+};
+
+}  // namespace spotvisor
