@@ -69,7 +69,9 @@ using instance metadata"; and what botocore 1.29 / aws-cli 2.9 send):
       events/recommendations/rebalance (only while set),
       spot/{instance-action, termination-time} (only while a notice is set),
       tags/instance/KEY (only while instance-metadata tags are enabled),
-      iam/info and iam/security-credentials/ROLE (only with a role).
+      iam/info and iam/security-credentials/ROLE (only with a role),
+      autoscaling/target-lifecycle-state (only while set: the instance is
+      in an Auto Scaling group; see set_target_lifecycle_state).
 - Directory answers list the children, one per line, separated by "\n"
   with no newline after the last one (botocore reads the role name as the
   whole body of iam/security-credentials/, so a trailing newline would
@@ -86,6 +88,15 @@ using instance metadata"; and what botocore 1.29 / aws-cli 2.9 send):
   bare text, present only while the action is "terminate" (AWS: present
   "only if the Spot Instance has been marked for termination").
   events/recommendations/rebalance: `{"noticeTime": "..."}` (default: now).
+- autoscaling/target-lifecycle-state: the lifecycle state EC2 Auto Scaling
+  is moving the instance to ("Retrieve the target lifecycle state through
+  instance metadata", EC2 Auto Scaling User Guide), as bare text without a
+  newline: InService, Terminated, Detached, Standby, Warmed:Hibernated,
+  Warmed:Running, Warmed:Stopped or Warmed:Terminated, the steady states
+  that page lists; anything else is refused by the setter. Not set (the
+  default: an instance in no group) it is 404 and autoscaling/ is not
+  listed. fake_autoscaling.FakeAutoScalingServer.link_imds() keeps it in
+  step with a fake group (Terminated once a termination begins).
 - iam/info and iam/security-credentials/ROLE, iam credentials and the
   identity document are rendered the way IMDS pretty-prints JSON
   (`{` newline, two-space indent, `"Key" : value`), fields in AWS's order.
@@ -119,7 +130,7 @@ Not implemented (404 like any unknown path, unless said otherwise):
   has no hops; `X-Forwarded-For` on the PUT is the one proxy check).
 - `network/interfaces/macs/...`, `block-device-mapping/`, `public-keys/`,
   `public-ipv4`, `public-hostname`, `product-codes`, `kernel-id`,
-  `ramdisk-id`, `ami-manifest-path`, `metrics/`, `autoscaling/`,
+  `ramdisk-id`, `ami-manifest-path`, `metrics/`,
   `identity-credentials/`, `elastic-*`, `dynamic/instance-identity/pkcs7`,
   `signature`, `rsa2048` and `dynamic/fws/`. The identity document is not
   signed.
@@ -169,6 +180,12 @@ MAX_BODY = 64 * 1024        # IMDS requests have no body worth the name
 IDLE_TIMEOUT_SEC = 60       # silent connections are closed after this
 ACCOUNT_ID = "123456789012"
 ACTIONS = ("terminate", "stop", "hibernate")
+# The steady states autoscaling/target-lifecycle-state names (EC2 Auto
+# Scaling User Guide, "Retrieve the target lifecycle state through instance
+# metadata").
+TARGET_LIFECYCLE_STATES = ("InService", "Terminated", "Detached", "Standby",
+                           "Warmed:Hibernated", "Warmed:Running",
+                           "Warmed:Stopped", "Warmed:Terminated")
 OTHER_TOKEN_PATH = re.compile(r"^/.*/api/token/?$")
 REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
            404: "Not Found", 405: "Method Not Allowed",
@@ -314,6 +331,7 @@ class FakeImdsServer:
         self._action = None           # (action, time text)
         self._rebalance = None        # notice time text
         self._maintenance = []
+        self._target_lifecycle_state = None   # None: in no Auto Scaling group
         self._role = None
         if role is not None:
             if isinstance(role, str):
@@ -497,6 +515,18 @@ class FakeImdsServer:
             self._rebalance = None
             self._changed.notify_all()
 
+    def set_target_lifecycle_state(self, state):
+        """autoscaling/target-lifecycle-state: one of
+        TARGET_LIFECYCLE_STATES, or None (the instance is in no Auto Scaling
+        group: the item and autoscaling/ are 404)."""
+        if state is not None and state not in TARGET_LIFECYCLE_STATES:
+            raise FakeError(400, f"target lifecycle state must be one of "
+                                 f"{', '.join(TARGET_LIFECYCLE_STATES)} or "
+                                 f"None, not {state!r}")
+        with self._lock:
+            self._target_lifecycle_state = state
+            self._changed.notify_all()
+
     def set_maintenance(self, events):
         """events/maintenance/scheduled: a list of event dicts ([] = none)."""
         if not isinstance(events, list):
@@ -575,6 +605,7 @@ class FakeImdsServer:
                                      "time": self._action[1]}),
                 "rebalance": self._rebalance,
                 "maintenance": list(self._maintenance),
+                "target_lifecycle_state": self._target_lifecycle_state,
                 "tags": dict(self._tags),
                 "tags_enabled": self._tags_enabled,
                 "user_data": (None if self._user_data is None else
@@ -628,6 +659,9 @@ class FakeImdsServer:
                 md["spot"]["termination-time"] = when
         if self._tags_enabled:
             md["tags"] = {"instance": dict(self._tags)}
+        if self._target_lifecycle_state is not None:
+            md["autoscaling"] = {
+                "target-lifecycle-state": self._target_lifecycle_state}
         if self._role is not None:
             r = self._role
             md["iam"] = {
@@ -1109,6 +1143,10 @@ def _control_call(fake, method, name, query, data, exclude_sock):
         else:
             fake.set_rebalance(arg("notice_time"))
         return 200, {"rebalance": fake.state()["rebalance"]}
+    if method == "POST" and name == "target-lifecycle-state":
+        fake.set_target_lifecycle_state(arg("state"))
+        return 200, {"target_lifecycle_state":
+                     fake.state()["target_lifecycle_state"]}
     if method == "POST" and name == "maintenance":
         fake.set_maintenance(arg("events", []))
         return 200, ok
@@ -1219,6 +1257,8 @@ def _serve(args):
                          allow_v1=args.allow_v1)
     if args.instance_action:
         srv.set_instance_action(args.instance_action)
+    if args.target_lifecycle_state:
+        srv.set_target_lifecycle_state(args.target_lifecycle_state)
     srv.start()
     print(f"fake-imds listening on {args.host}:{srv.port}", flush=True)
     if args.port_file:
@@ -1257,6 +1297,9 @@ def _ctl(args):
                    {"notice_time": rest[0] if rest else None})
     elif op == "tags":
         payload = {"tags": dict(_kv(t) for t in rest)}
+    elif op == "target-lifecycle-state":
+        need(1, 1, "STATE|none")
+        payload = {"state": None if rest[0] == "none" else rest[0]}
     elif op == "tags-enabled":
         need(1, 1, "true|false")
         payload = {"enabled": rest[0].lower() in ("1", "true", "yes", "on")}
@@ -1324,6 +1367,10 @@ def main(argv=None):
     s.add_argument("--role", type=_role, default=None,
                    help="NAME or NAME:AKID:SECRET:TOKEN")
     s.add_argument("--instance-action", choices=ACTIONS)
+    s.add_argument("--target-lifecycle-state",
+                   choices=TARGET_LIFECYCLE_STATES,
+                   help="serve autoscaling/target-lifecycle-state (the "
+                        "instance is in an Auto Scaling group)")
     s.add_argument("--allow-v1", action="store_true",
                    help="serve requests without a token (IMDSv1 allowed)")
     c = sub.add_parser("ctl", help="talk to a running fake's control API")
@@ -1332,8 +1379,8 @@ def main(argv=None):
     c.add_argument("--timeout", type=float, default=5.0,
                    help="for 'wait': seconds to wait (default 5)")
     c.add_argument("op", help="instance-action|rebalance|tags|tags-enabled|"
-                              "advance|expire-tokens|fault|state|log|"
-                              "reset-log|hits|wait|call")
+                              "target-lifecycle-state|advance|expire-tokens|"
+                              "fault|state|log|reset-log|hits|wait|call")
     c.add_argument("args", nargs="*")
     args = parser.parse_args(argv)
     return _serve(args) if args.cmd == "serve" else _ctl(args)

@@ -470,6 +470,67 @@ class TagTests(FakeTestCase):
                          "trainer-1")
 
 
+class AutoScalingTests(FakeTestCase):
+    """autoscaling/target-lifecycle-state, as the EC2 Auto Scaling User
+    Guide's "Retrieve the target lifecycle state through instance metadata"
+    shows it: bare text, 404 for an instance in no group."""
+
+    ITEM = MD + "autoscaling/target-lifecycle-state"
+
+    def test_absent_until_set(self):
+        self.assertEqual(self.request(self.ITEM).status, 404)
+        self.assertEqual(self.request(MD + "autoscaling/").status, 404)
+        self.assertNotIn("autoscaling/", self.request(MD).text.split("\n"))
+        self.assertIsNone(self.srv.state()["target_lifecycle_state"])
+
+    def test_states_and_listing(self):
+        self.srv.set_target_lifecycle_state("InService")
+        r = self.request(self.ITEM)
+        self.assertEqual((r.status, r.text), (200, "InService"))
+        self.assertEqual(r.headers["content-type"], "text/plain")
+        self.assertEqual(self.request(self.ITEM + "/").text, "InService")
+        self.assertEqual(self.request(MD + "autoscaling").text,
+                         "target-lifecycle-state")
+        lines = self.request(MD).text.split("\n")
+        self.assertIn("autoscaling/", lines)
+        self.assertEqual(lines, sorted(lines))
+        for state in ("Terminated", "Warmed:Hibernated", "Standby",
+                      "Detached"):
+            self.srv.set_target_lifecycle_state(state)
+            self.assertEqual(self.request(self.ITEM).text, state)
+        self.assertEqual(self.srv.state()["target_lifecycle_state"],
+                         "Detached")
+        self.srv.set_target_lifecycle_state(None)
+        self.assertEqual(self.request(self.ITEM).status, 404)
+        self.assertNotIn("autoscaling/", self.request(MD).text.split("\n"))
+
+    def test_only_the_documented_states(self):
+        # Transitional states (Terminating:Wait...) are what Describe* show,
+        # never the target.
+        for bad in ("Terminating:Wait", "inservice", "", 3):
+            with self.assertRaises(Exception, msg=repr(bad)):
+                self.srv.set_target_lifecycle_state(bad)
+        self.assertEqual(self.request(self.ITEM).status, 404)
+
+    def test_control_api(self):
+        def ctl(body):
+            conn = http.client.HTTPConnection("127.0.0.1", self.srv.port,
+                                              timeout=5)
+            try:
+                conn.request("POST", "/_fake/target-lifecycle-state",
+                             body=json.dumps(body))
+                r = conn.getresponse()
+                return r.status, json.loads(r.read())
+            finally:
+                conn.close()
+        self.assertEqual(ctl({"state": "Terminated"}),
+                         (200, {"target_lifecycle_state": "Terminated"}))
+        self.assertEqual(self.request(self.ITEM).text, "Terminated")
+        self.assertEqual(ctl({"state": "Bogus"})[0], 400)
+        self.assertEqual(ctl({"state": None})[0], 200)
+        self.assertEqual(self.request(self.ITEM).status, 404)
+
+
 class FaultAndLogTests(FakeTestCase):
     def test_fail_count(self):
         self.srv.fail(MD + "spot/", 500, 2)
@@ -844,7 +905,8 @@ class ScriptTests(unittest.TestCase):
             [sys.executable, SCRIPT, "serve", "--port-file", port_file,
              "--tag", "spotvisor-bucket=s3://b/p", "--tag", "a=b=c",
              "--role", "node:AKIDCLI:SECRET:TOK:EN", "--region", "eu-west-1",
-             "--user-data-file", user_data, "--instance-action", "terminate"],
+             "--user-data-file", user_data, "--instance-action", "terminate",
+             "--target-lifecycle-state", "InService"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(self.kill)
         self.assertTrue(wait_until(lambda: os.path.exists(port_file)),
@@ -903,6 +965,17 @@ class ScriptTests(unittest.TestCase):
         ahead = (when.replace(tzinfo=datetime.timezone.utc)
                  - datetime.datetime.now(datetime.timezone.utc))
         self.assertTrue(100 <= ahead.total_seconds() <= 121, ahead)
+
+        self.assertEqual(self.get(MD + "autoscaling/target-lifecycle-state")
+                         .text, "InService")
+        p = self.ctl("target-lifecycle-state", "Terminated")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(self.get(MD + "autoscaling/target-lifecycle-state")
+                         .text, "Terminated")
+        p = self.ctl("target-lifecycle-state", "none")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(self.get(MD + "autoscaling/target-lifecycle-state")
+                         .status, 404)
 
         p = self.ctl("rebalance")
         self.assertEqual(p.returncode, 0, p.stderr)
