@@ -90,5 +90,227 @@ class BudgetTest(SpotvisorTestCase):
         self.assertIsNone(self.failed_marker())
 
 
+ZONE = "us-central1-a"
+MIG = f"projects/123456789/zones/{ZONE}/instanceGroupManagers/trainers"
+
+
+class ManagedInstanceGroupTest(SpotvisorTestCase):
+    """A VM of a MIG (created-by set, as a MIG sets it) against the fake Compute API."""
+
+    def setUp(self):
+        super().setUp()
+        from fake_compute import FakeComputeServer
+        self.metadata.set("project/project-id", "my-project")
+        self.metadata.set("instance/zone", f"projects/123456789/zones/{ZONE}")
+        self.metadata.set("instance/name", "trainers-x1")
+        self.metadata.set("instance/attributes/created-by", MIG)
+        self.compute = FakeComputeServer("my-project", ZONE, "trainers-x1",
+                                         token_ok=lambda t: t.startswith("fake-token-")).start()
+        self.addCleanup(self.compute.stop)
+        self.compute.add_group("trainers", zone=ZONE, members=["trainers-x1", "trainers-x2"])
+
+    def boot(self, trainer, **sets):
+        base = {"compute-endpoint": self.compute.endpoint, "shutdown-command": f"echo off >> {self.path('off')}",
+                "on-exit": "poweroff", "on-exit-timeout": "6s",
+                "bucket": "file://" + self.path("bucket"), "run-id": "run1"}
+        base.update(sets)
+        p = self.run_trainer(trainer, sets=base)
+        return p, p.wait_exit()
+
+    def off_count(self):
+        return self.read("off").count("off") if os.path.exists(self.path("off")) else 0
+
+    def members(self):
+        return sorted(m["name"] for m in self.compute.members("trainers"))
+
+    def test_a_completed_run_leaves_its_group_and_a_later_boot_of_a_done_run_leaves_too(self):
+        p, code = self.boot(["--run-for", "10"])
+        self.assertEqual(code, 0)
+        g = p.wait_event("cloud.group")
+        self.assertEqual((g["group"], g["group_kind"], g["source"]), (MIG, "zonal-mig", "created-by"))
+        p.wait_event("shutdown.api_done")
+        calls = [c for c, _ in self.compute.calls()]
+        self.assertIn("instanceGroupManagers.deleteInstances", calls)
+        self.assertNotIn("instances.delete", calls, "never a self-delete the group would undo")
+        self.assertEqual(self.members(), ["trainers-x2"])
+        self.assertEqual(self.compute.target_size("trainers"), 1, "the group's size went down: nothing comes back")
+        self.assertEqual(self.off_count(), 0)
+        with open(self.path("state/status.json")) as f:
+            self.assertEqual(json.load(f)["group"], MIG)
+        boots = [json.load(open(os.path.join(self.path("bucket/run1/boots"), n)))
+                 for n in sorted(os.listdir(self.path("bucket/run1/boots")))]
+        self.assertEqual(boots[0]["group"], MIG)
+        # The group, had it recreated the VM (the bug of issue #30: DONE, then a
+        # self-delete at every boot, recreated forever), would now see it leave.
+        self.compute.add_member("trainers", "trainers-x1")
+        self.compute.set_target_size("trainers", 2)
+        p, code = self.boot(["--run-for", "10", "--marker-file", self.path("marker")])
+        self.assertEqual(code, 0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "already-done")
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(self.members(), ["trainers-x2"])
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        self.assertEqual(self.compute.deleted_outside_group(), [])
+        self.assertEqual(self.marker_lines(), [], "not trained again")
+
+    def test_a_preemption_is_left_to_the_group(self):
+        p = self.run_trainer(["--run-for", "60000", "--marker-file", self.path("marker")], sets={
+            "compute-endpoint": self.compute.endpoint, "shutdown-command": f"echo off >> {self.path('off')}",
+            "on-exit": "poweroff", "bucket": "file://" + self.path("bucket"), "run-id": "run1"})
+        p.wait_trainer_ready()
+        self.metadata.set("instance/preempted", "TRUE")
+        p.wait_exit()
+        self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
+        self.assertEqual(self.compute.calls(), [], "no call: the group brings the VM back")
+        self.assertEqual(self.compute.target_size("trainers"), 2)
+        self.assertEqual(self.off_count(), 0)
+
+    def test_a_failed_boot_is_handed_back_for_another_try_until_the_budget_is_used_up(self):
+        for n in (1, 2):
+            p, code = self.boot(["--run-for", "10", "--exit-code", "3"])
+            self.assertEqual(code, 3)
+            start = p.wait_event("shutdown.start")
+            self.assertEqual(start["action"], "retry")
+            self.assertIn(f"failed boot {n} of 3", start["message"])
+            p.wait_event("shutdown.api_done")
+            self.assertEqual([d["instance"] for d in self.compute.deleted_outside_group()], ["trainers-x1"] * n)
+            self.assertEqual(self.compute.target_size("trainers"), 2, "the group recreates it")
+            self.compute.add_member("trainers", "trainers-x1")  # as the group does
+        p, code = self.boot(["--run-for", "10", "--exit-code", "3"])
+        p.wait_event("run.marked_failed")
+        self.assertEqual(p.wait_event("shutdown.start")["action"], "leave")
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        self.assertEqual(self.members(), ["trainers-x2"])
+        # Recreated once more anyway (a repair racing the leave): it leaves at once.
+        self.compute.add_member("trainers", "trainers-x1")
+        self.compute.set_target_size("trainers", 2)
+        p, code = self.boot(["--run-for", "10", "--marker-file", self.path("marker")])
+        self.assertEqual(code, 76)
+        self.assertEqual(p.wait_event("shutdown.start")["action"], "leave")
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        self.assertEqual(self.marker_lines(), [])
+        self.assertEqual(self.off_count(), 0)
+
+    def test_a_refused_leave_names_the_permission_and_powers_off(self):
+        self.compute.deny("compute.instanceGroupManagers.update")
+        p, code = self.boot(["--run-for", "10"])
+        self.assertEqual(code, 0)
+        failed = p.wait_event("shutdown.api_failed")
+        self.assertIn("compute.instanceGroupManagers.update", failed["message"])
+        self.assertIn(MIG, failed["message"])
+        self.assertEqual(self.off_count(), 1, "powered off instead, once")
+        self.assertEqual(self.compute.deleted_outside_group(), [], "never a self-delete the group would undo")
+
+    def test_a_broken_configuration_leaves_the_group_so_it_does_not_come_back_broken(self):
+        p, code = self.boot(["--run-for", "10"], **{"sync-interval": "soon"})
+        self.assertEqual(code, 78)
+        p.wait_event("config.error")
+        self.assertEqual(p.wait_event("shutdown.start")["action"], "leave")
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        self.assertEqual(self.off_count(), 0)
+
+    def test_a_created_by_that_is_not_a_group_is_a_clear_configuration_error(self):
+        self.metadata.set("instance/attributes/created-by", "projects/1/zones/us-central1-a/instances/x")
+        p, code = self.boot(["--run-for", "10"])
+        self.assertEqual(code, 78)
+        e = p.wait_event("config.error")
+        self.assertIn("created-by", e["message"])
+        self.assertIn("instanceGroupManagers/NAME", e["message"])
+        self.assertIn("spotvisor-group", e["message"])
+        self.assertEqual(self.compute.calls(), [])
+        self.assertEqual(self.off_count(), 1, "powered off: a group it cannot name cannot be left")
+
+    def test_group_none_and_an_explicit_regional_group(self):
+        p, code = self.boot(["--run-for", "10"], group="none", **{"on-exit": "delete"})
+        self.assertEqual(code, 0)
+        self.assertEqual(p.find("cloud.group"), [])
+        self.assertEqual([c for c, _ in self.compute.calls()], ["instances.delete"])
+        self.compute.add_instance("trainers-x1") if hasattr(self.compute, "add_instance") else None
+        self.compute.add_group("regional", region="us-central1", members=[("trainers-x1")])
+        regional = "projects/my-project/regions/us-central1/instanceGroupManagers/regional"
+        p, code = self.boot(["--run-for", "10"], group=regional, **{"run-id": "run2"})
+        self.assertEqual(code, 0)
+        self.assertEqual(p.wait_event("cloud.group")["group_kind"], "regional-mig")
+        p.wait_event("shutdown.api_done")
+        self.assertIn("regionInstanceGroupManagers.deleteInstances", [c for c, _ in self.compute.calls()])
+        self.assertEqual(self.compute.target_size("regional", location="us-central1"), 0)
+
+
+class AutoScalingGroupTest(SpotvisorTestCase):
+    """An EC2 instance of an Auto Scaling group (the tag aws:autoscaling:groupName, as the group sets it)
+    against the fake IMDS, the fake EC2 API and the fake Auto Scaling API (SigV4 checked)."""
+
+    INSTANCE = "i-0abc123def4567890"
+
+    def setUp(self):
+        super().setUp()
+        import datetime
+        from fake_autoscaling import FakeAutoScalingServer
+        from fake_ec2 import FakeEc2Server
+        from fake_imds import FakeImdsServer
+        creds = ("ASIAEC2ROLE", "ec2-role-secret", "ec2-role-token")
+        self.imds = FakeImdsServer(instance_id=self.INSTANCE, zone="eu-west-1b", region="eu-west-1",
+                                   tags={"aws:autoscaling:groupName": "trainers", "Name": "trainer-1"}, role=None).start()
+        self.addCleanup(self.imds.stop)
+        self.imds.set_role("trainer", *creds, datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=6))
+        self.asg = FakeAutoScalingServer(region="eu-west-1").start()
+        self.addCleanup(self.asg.stop)
+        self.asg.add_credentials(creds[0], creds[1], session_token=creds[2])
+        self.asg.create_group("trainers", min_size=0, max_size=2, desired=2, availability_zones=["eu-west-1b"])
+        self.asg.add_instance("trainers", self.INSTANCE, "eu-west-1b")
+        self.asg.add_instance("trainers", "i-0other", "eu-west-1b")
+        self.ec2 = FakeEc2Server(region="eu-west-1", instances=[self.INSTANCE]).start()
+        self.addCleanup(self.ec2.stop)
+        self.ec2.add_credentials(creds[0], creds[1], session_token=creds[2])
+        self.env_ec2 = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.imds.endpoint, "AWS_REGION": "eu-west-1",
+                        "AWS_ENDPOINT_URL_AUTO_SCALING": self.asg.endpoint, "AWS_ENDPOINT_URL_EC2": self.ec2.endpoint,
+                        "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+
+    def boot(self, trainer, **sets):
+        base = {"shutdown-command": f"echo off >> {self.path('off')}", "on-exit": "poweroff", "on-exit-timeout": "6s",
+                "bucket": "file://" + self.path("bucket"), "run-id": "run1"}
+        base.update(sets)
+        p = self.run_trainer(trainer, sets=base, metadata=False, env=self.env_ec2)
+        return p, p.wait_exit()
+
+    def test_the_end_of_the_run_leaves_the_group_with_its_desired_capacity_lowered(self):
+        p, code = self.boot(["--run-for", "10"])
+        self.assertEqual(code, 0, "".join(p.raw[-20:]))
+        g = p.wait_event("cloud.group")
+        self.assertEqual((g["group"], g["group_kind"], g["source"]), ("trainers", "asg", "aws:autoscaling:groupName"))
+        p.wait_event("shutdown.api_done")
+        leave = [c for c in self.asg.calls() if c[0] == "TerminateInstanceInAutoScalingGroup"]
+        self.assertEqual(len(leave), 1)
+        self.assertEqual(leave[0][1]["InstanceId"], self.INSTANCE)
+        self.assertEqual(leave[0][1]["ShouldDecrementDesiredCapacity"], "true")
+        self.assertEqual(self.asg.desired("trainers"), 1)
+        self.assertEqual([i["id"] for i in self.asg.instances("trainers")], ["i-0other"])
+        self.assertEqual([c for c in self.ec2.calls() if c[0] != "CreateTags"], [], "no TerminateInstances: it would be replaced")
+        self.assertFalse(os.path.exists(self.path("off")))
+
+    def test_a_failed_boot_is_terminated_for_a_replacement_and_a_refused_leave_powers_off(self):
+        p, code = self.boot(["--run-for", "10", "--exit-code", "3"])
+        self.assertEqual(p.wait_event("shutdown.start")["action"], "retry")
+        p.wait_event("shutdown.api_done")
+        self.assertIn(("TerminateInstances", [self.INSTANCE]), self.ec2.calls())
+        self.assertEqual(self.asg.calls(), [])
+        self.asg.deny("TerminateInstanceInAutoScalingGroup")
+        p, code = self.boot(["--run-for", "10"], **{"run-id": "run2"})
+        failed = p.wait_event("shutdown.api_failed")
+        self.assertIn("autoscaling:TerminateInstanceInAutoScalingGroup", failed["message"])
+        self.assertEqual(self.read("off").count("off"), 1)
+
+    def test_hidden_tags_are_said_and_an_explicit_group_key_names_the_group(self):
+        self.imds.set_tags_enabled(False)
+        p, code = self.boot(["--run-for", "10"], **{"on-exit": "none"})
+        self.assertIn("spotvisor-group", p.wait_event("cloud.group_unknown")["message"])
+        p, code = self.boot(["--run-for", "10"], group="trainers", **{"run-id": "run2"})
+        self.assertEqual(p.wait_event("cloud.group")["source"], "the group key")
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(self.asg.desired("trainers"), 1)
+
+
 if __name__ == "__main__":
     unittest.main()
