@@ -66,7 +66,9 @@ class Cloud {
   virtual std::unique_ptr<GroupClient> MakeGroupClient(const InstanceGroup& group, const std::string& compute_endpoint,
                                                        Sleeper& sleeper) = 0;
   // Preemption or interruption, maintenance: fed to `supervisor`.
-  virtual std::unique_ptr<NoticeWatch> WatchNotices(const Config& config, Supervisor& supervisor, Logger& logger) = 0;
+  // `group`: in an Auto Scaling group, its target lifecycle state is watched too.
+  virtual std::unique_ptr<NoticeWatch> WatchNotices(const Config& config, Supervisor& supervisor, Logger& logger,
+                                                    const std::optional<InstanceGroup>& group) = 0;
 };
 
 // nullptr when no metadata service answered (a laptop, a CI runner).

@@ -115,12 +115,16 @@ class Ec2Cloud final : public Cloud {
     return MakeAsgClient("", group, Ec2InstanceRef{m_.instance_id, m_.region}, Credentials(clock_), sleeper, clock_);
   }
 
-  std::unique_ptr<NoticeWatch> WatchNotices(const Config& /*config*/, Supervisor& supervisor, Logger& logger) override {
+  std::unique_ptr<NoticeWatch> WatchNotices(const Config& /*config*/, Supervisor& supervisor, Logger& logger,
+                                            const std::optional<InstanceGroup>& group) override {
     Ec2NoticeCallbacks cb;
     cb.on_interruption = [&supervisor](const Ec2InterruptionNotice& n, const std::string& body) {
       supervisor.NotifyPreempted(n.time, fmt::format("EC2 Spot interruption notice ({}: {})", n.action, body));
     };
     cb.on_rebalance = [&supervisor](const std::string& body) { supervisor.NotifyRebalance(body); };
+    if (group && group->kind == InstanceGroup::Kind::kAsg) {
+      cb.on_terminating = [&supervisor](const std::string& state) { supervisor.NotifyGroupTerminating(state); };
+    }
     cb.on_failing = [&logger](const Status& s) {
       logger.Warn("metadata.unavailable",
                   fmt::format("polling spot/instance-action: {}; still polling every second", s.message()),

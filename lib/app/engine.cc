@@ -936,7 +936,7 @@ int RunEngine(const EngineOptions& options) {
   Supervisor supervisor(io, clock, logger, std::move(so), signals);
 
   std::unique_ptr<NoticeWatch> notices;
-  if (cloud) notices = cloud->WatchNotices(config, supervisor, logger);
+  if (cloud) notices = cloud->WatchNotices(config, supervisor, logger, group);
   supervisor.Start();
   if (notices) notices->Start();
   {

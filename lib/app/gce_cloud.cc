@@ -91,7 +91,8 @@ class GceCloud final : public Cloud {
                          std::make_unique<MetadataTokenProvider>(NewMetadataClient(mode_), clock_), sleeper);
   }
 
-  std::unique_ptr<NoticeWatch> WatchNotices(const Config& config, Supervisor& supervisor, Logger& logger) override {
+  std::unique_ptr<NoticeWatch> WatchNotices(const Config& config, Supervisor& supervisor, Logger& logger,
+                                            const std::optional<InstanceGroup>& /*group*/) override {
     auto out = std::make_unique<GceNoticeWatch>();
     auto watch = [&](const char* path, MetadataValue initial, std::function<void(const std::string&)> on_change,
                      std::function<bool(const Status&)> absent = nullptr) {

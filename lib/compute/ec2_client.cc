@@ -45,7 +45,7 @@ class QueryClient {
   // Action=...&; `what` names the call in errors, `scope` what the
   // permission is needed on.
   Status Call(const char* action, const std::string& params, const std::string& what, const std::string& scope,
-              const CallContext& ctx) {
+              const CallContext& ctx, std::string* answer = nullptr) {
     LimitedErrorCountRetryPolicy retry(3);
     ExponentialBackoffPolicy backoff(std::chrono::milliseconds(500), std::chrono::seconds(4), 2.0);
     ContextSleeper sleeper(ctx, &sleeper_);
@@ -63,7 +63,10 @@ class QueryClient {
       if (auto s = SignV4(req, *creds, i_.region, api_.service, Sha256Hex(req.body), clock_.WallNow()); !s.ok()) return s;
       auto r = http_.Send(req, ctx);
       if (!r.ok()) return Status(r.status().code(), what + ": " + r.status().message());
-      if (r->status == 200) return OkStatus();
+      if (r->status == 200) {
+        if (answer) *answer = r->body;
+        return OkStatus();
+      }
       std::string code = output::EscapeInvalidUtf8(XmlText(r->body, "Code").value_or("").substr(0, 100));
       std::string message = output::EscapeInvalidUtf8(XmlText(r->body, "Message").value_or("").substr(0, 300));
       std::string server = fmt::format("HTTP {} {}: {}", r->status, code, message);
@@ -131,6 +134,44 @@ class AsgClient final : public QueryClient, public GroupClient {
         g_(std::move(g)) {}
 
   std::string LeaveCall() const override { return "TerminateInstanceInAutoScalingGroup"; }
+
+  // Which hooks hold a terminating instance: DescribeLifecycleHooks; then
+  // CompleteLifecycleAction on each (completing one that is not waiting is
+  // a ValidationError: the instance was not held by it, which is fine).
+  Status CompleteTermination(const CallContext& ctx, std::vector<std::string>* hooks) override {
+    std::string xml;
+    auto group = AwsUriEncode(g_.name, false);
+    auto s = Call("DescribeLifecycleHooks", "AutoScalingGroupName=" + group,
+                  fmt::format("list the lifecycle hooks of {}", g_.Describe()), fmt::format("the group {}", g_.name), ctx, &xml);
+    if (!s.ok()) return s;
+    std::vector<std::string> names;
+    for (std::size_t at = xml.find("<member>"); at != std::string::npos; at = xml.find("<member>", at + 1)) {
+      auto end = xml.find("</member>", at);
+      if (end == std::string::npos) break;
+      std::string_view member(xml.data() + at, end - at);
+      auto transition = XmlText(member, "LifecycleTransition");
+      auto name = XmlText(member, "LifecycleHookName");
+      if (transition && *transition == "autoscaling:EC2_INSTANCE_TERMINATING" && name && !name->empty() &&
+          name->size() <= 255) {
+        names.push_back(*name);
+      }
+    }
+    Status first;
+    for (auto const& hook : names) {
+      auto c = Call("CompleteLifecycleAction",
+                    fmt::format("AutoScalingGroupName={}&InstanceId={}&LifecycleActionResult=CONTINUE&LifecycleHookName={}",
+                                group, AwsUriEncode(i_.instance_id, false), AwsUriEncode(hook, false)),
+                    fmt::format("complete the lifecycle action of hook {} for this instance ({})",
+                                output::EscapeInvalidUtf8(hook), i_.instance_id),
+                    fmt::format("the group {}", g_.name), ctx);
+      if (c.ok()) {
+        if (hooks) hooks->push_back(output::EscapeInvalidUtf8(hook));
+      } else if (c.code() != StatusCode::kInvalidArgument && first.ok()) {
+        first = c;  // a ValidationError: this hook did not hold the instance
+      }
+    }
+    return first;
+  }
   Status Leave(const CallContext& ctx) override {
     return Call("TerminateInstanceInAutoScalingGroup",
                 fmt::format("InstanceId={}&ShouldDecrementDesiredCapacity=true", AwsUriEncode(i_.instance_id, false)),

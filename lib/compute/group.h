@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/cancel.h"
 #include "common/status.h"
@@ -55,6 +56,15 @@ class GroupClient {
   virtual Status Leave(const CallContext& ctx) = 0;
   // "instanceGroupManagers.deleteInstances" etc., for messages.
   virtual std::string LeaveCall() const = 0;
+  // EC2: the group is terminating this instance and a lifecycle hook
+  // (autoscaling:EC2_INSTANCE_TERMINATING) holds it in Terminating:Wait:
+  // CompleteLifecycleAction (CONTINUE) on each such hook of the group, once
+  // the final sync is over. `hooks` gets their names. GCE: nothing to do.
+  virtual Status CompleteTermination(const CallContext& ctx, std::vector<std::string>* hooks) {
+    (void)ctx;
+    (void)hooks;
+    return OkStatus();
+  }
 };
 
 }  // namespace spotvisor

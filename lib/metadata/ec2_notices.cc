@@ -1,5 +1,7 @@
 #include "metadata/ec2_notices.h"
 
+#include "common/strings.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -78,6 +80,16 @@ bool Ec2NoticeWatcher::PollOnce() {
       rebalanced_ = true;
       cb_.on_rebalance(output::EscapeInvalidUtf8(body->substr(0, 500)));
     } else if (body.status().code() != StatusCode::kNotFound && !ctx.cancelled() && ok) {
+      ok = false;
+      last_error_ = body.status();
+    }
+  }
+  if (cb_.on_terminating && !terminating_ && !interrupted_) {
+    auto body = imds_->Get("meta-data/autoscaling/target-lifecycle-state", ctx.WithDeadline(clock_.Now() + std::chrono::seconds(2)));
+    if (body.ok() && Trim(*body) == "Terminated") {
+      terminating_ = true;
+      cb_.on_terminating(std::string(Trim(*body)));
+    } else if (!body.ok() && body.status().code() != StatusCode::kNotFound && !ctx.cancelled() && ok) {
       ok = false;
       last_error_ = body.status();
     }

@@ -1,9 +1,11 @@
 // EC2's advance notices, read from the instance metadata service: the Spot
 // interruption notice (meta-data/spot/instance-action: 404 until there is
 // one, then {"action": "terminate|stop|hibernate", "time": "...Z"}, about
-// two minutes ahead) and the rebalance recommendation
+// two minutes ahead), the rebalance recommendation
 // (meta-data/events/recommendations/rebalance: 404 until set, then
-// {"noticeTime": "...Z"}, an early warning). There is no long-poll: both
+// {"noticeTime": "...Z"}, an early warning) and, in an Auto Scaling group,
+// the target lifecycle state (meta-data/autoscaling/target-lifecycle-state:
+// InService, ..., Terminated when the group is terminating the instance). There is no long-poll: both
 // are polled, once a second by default (a link-local request costs nothing;
 // AWS's own termination handler polls every 2 s).
 #pragma once
@@ -37,6 +39,10 @@ StatusOr<Ec2InterruptionNotice> ParseInstanceAction(std::string_view body);
 struct Ec2NoticeCallbacks {
   std::function<void(const Ec2InterruptionNotice&, const std::string& body)> on_interruption;  // once
   std::function<void(const std::string& body)> on_rebalance;                                  // once
+  // In an Auto Scaling group (issue #30): meta-data/autoscaling/target-lifecycle-state
+  // became Terminated (scale-in, capacity rebalancing, a person): once. Only
+  // polled when set.
+  std::function<void(const std::string& state)> on_terminating;
   // First failure of a streak, and the recovery that ends it.
   std::function<void(const Status& first_error)> on_failing;
   std::function<void(int failed_polls)> on_recovered;
@@ -62,7 +68,7 @@ class Ec2NoticeWatcher {
   std::shared_ptr<CancelSource> cancel_ = std::make_shared<CancelSource>();
   CancellableSleeper sleeper_;
   std::thread thread_;
-  bool interrupted_ = false, rebalanced_ = false;
+  bool interrupted_ = false, rebalanced_ = false, terminating_ = false;
   Status last_error_;
 };
 

@@ -361,6 +361,17 @@ void Supervisor::ArmWatchdog(std::chrono::microseconds interval) {
   });
 }
 
+void Supervisor::NotifyGroupTerminating(const std::string& state) {
+  asio::post(io_, [this] { complete_lifecycle_ = true; });
+  std::string group = options_.group ? options_.group->Describe() : std::string("the Auto Scaling group");
+  // A terminating hook holds the instance for its heartbeat timeout (1 h by
+  // default); without one the instance goes at once. Two minutes, as a Spot
+  // notice gives, for the final sync either way.
+  NotifyPreempted(clock_.WallNow() + std::chrono::minutes(2),
+                  fmt::format("{} is terminating this instance (target lifecycle state {})", group,
+                              output::EscapeInvalidUtf8(state.substr(0, 40))));
+}
+
 void Supervisor::NotifyPreempted(std::optional<WallTime> ends_at, std::string what) {
   asio::post(io_, [this, ends_at, what = std::move(what)] {
     PreemptionNotice n{std::nullopt, what};
@@ -490,6 +501,30 @@ void Supervisor::Dispatch(const Event& e) {
       CheckBudgetAtEnd(ctx);
     }
     ReleaseClaim(ctx);
+    if (complete_lifecycle_ && options_.make_group) {
+      complete_lifecycle_ = false;
+      CallContext lc;
+      lc.clock = &clock_;
+      lc.deadline = clock_.Now() + std::chrono::seconds(10);
+      if (auto by = machine_.RecordsDeadline(clock_.Now()); by && *by < *lc.deadline) lc.deadline = *by;
+      std::vector<std::string> hooks;
+      auto client = options_.make_group(compute_sleeper_);
+      Status s = client ? client->CompleteTermination(lc, &hooks) : UnavailableError("this instance's region is not known");
+      if (s.ok()) {
+        logger_.Info("group.lifecycle_completed",
+                     hooks.empty() ? std::string("no lifecycle hook holds this instance: the group terminates it now")
+                                   : fmt::format("lifecycle action completed (CONTINUE) for hook(s) {}: the group "
+                                                 "terminates this instance now",
+                                                 fmt::join(hooks, ", ")),
+                     {{"hooks", hooks}});
+      } else {
+        logger_.Warn("group.lifecycle_failed",
+                     fmt::format("cannot complete the lifecycle action: {}; the group terminates this instance when the "
+                                 "hook's heartbeat timeout ends",
+                                 s.message()),
+                     {{"error", s.message()}});
+      }
+    }
   }
   for (auto const& a : actions) Execute(a);
   // The other members' `spotvisor status` shows this one's phase.

@@ -114,6 +114,12 @@ class Supervisor {
   // An early warning that the machine may be taken (EC2's rebalance
   // recommendation): sync now, keep training.
   void NotifyRebalance(const std::string& body);
+  // An Auto Scaling group is terminating this instance (its target lifecycle
+  // state became Terminated: scale-in, capacity rebalancing): as a
+  // preemption two minutes ahead, and once the final sync is over, the
+  // lifecycle action is completed (GroupClient::CompleteTermination), so a
+  // hook holding the instance in Terminating:Wait lets it go at once.
+  void NotifyGroupTerminating(const std::string& state);
   void NotifyMaintenance(const std::string& value);
   // instance/upcoming-maintenance's answer ("" for nothing scheduled).
   void NotifyUpcomingMaintenance(const std::string& body);
@@ -197,6 +203,7 @@ class Supervisor {
   // restore; set when this boot's failure used up the budget (FAILED written).
   std::vector<std::string> failed_before_;
   bool budget_exhausted_ = false;
+  bool complete_lifecycle_ = false;  // NotifyGroupTerminating: complete the hook's action at the end
   // Renews this VM's claim on the run every third of its lifetime (run/claim.h).
   void ArmClaimTimer();
   void RenewClaim(const std::string& state);

@@ -302,6 +302,38 @@ class AutoScalingGroupTest(SpotvisorTestCase):
         self.assertIn("autoscaling:TerminateInstanceInAutoScalingGroup", failed["message"])
         self.assertEqual(self.read("off").count("off"), 1)
 
+    def test_a_terminating_hook_holds_the_instance_until_the_final_sync_is_over(self):
+        # Scale-in or capacity rebalancing: the group terminates the instance, an
+        # autoscaling:EC2_INSTANCE_TERMINATING hook holds it in Terminating:Wait, IMDS says
+        # target-lifecycle-state Terminated; spotvisor stops the trainer, syncs, completes the action.
+        import boto3
+        client = boto3.client("autoscaling", endpoint_url=self.asg.endpoint, region_name="eu-west-1",
+                              aws_access_key_id="ASIAEC2ROLE", aws_secret_access_key="ec2-role-secret",
+                              aws_session_token="ec2-role-token")
+        client.put_lifecycle_hook(LifecycleHookName="drain", AutoScalingGroupName="trainers",
+                                  LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING", HeartbeatTimeout=600)
+        client.put_lifecycle_hook(LifecycleHookName="on-launch", AutoScalingGroupName="trainers",
+                                  LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING", HeartbeatTimeout=600)
+        self.asg.link_imds(self.INSTANCE, self.imds)
+        p = self.run_trainer(["--checkpoint-every", "50", "--marker-file", self.path("marker")], sets={
+            "shutdown-command": f"echo off >> {self.path('off')}", "on-exit": "poweroff",
+            "bucket": "file://" + self.path("bucket"), "run-id": "run1", "sync-interval": "0", "sync-settle": "0s"},
+            metadata=False, env=self.env_ec2)
+        p.wait_trainer_ready()
+        self.asg.begin_termination(self.INSTANCE, cause="scale-in")
+        self.assertEqual(p.wait_exit(), 130)
+        self.assertIn("is terminating this instance", p.wait_event("preemption.detected")["message"])
+        final = p.wait_event("sync.complete", kind="final")
+        done = p.wait_event("group.lifecycle_completed")
+        self.assertEqual(done["hooks"], ["drain"])
+        self.assertEqual(self.asg.lifecycle_completed(self.INSTANCE), "CONTINUE")
+        order = [e["event"] for e in p.events if e["event"] in ("sync.complete", "group.lifecycle_completed")]
+        self.assertEqual(order[-2:], ["sync.complete", "group.lifecycle_completed"], "completed after the final sync")
+        self.assertTrue(final)
+        self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
+        self.assertFalse(p.find("shutdown.start"), "the group terminates it: no on-exit on top")
+        self.assertFalse(os.path.exists(self.path("off")))
+
     def test_hidden_tags_are_said_and_an_explicit_group_key_names_the_group(self):
         self.imds.set_tags_enabled(False)
         p, code = self.boot(["--run-for", "10"], **{"on-exit": "none"})
