@@ -18,6 +18,7 @@
 #include "metadata/metadata_client.h"
 #include "output/utf8.h"
 #include "run/boots.h"
+#include "run/budget.h"
 #include "run/claim.h"
 #include "retry/backoff_policy.h"
 #include "retry/retry_policy.h"
@@ -163,12 +164,40 @@ std::optional<int> Int(const Json& j, const char* k) {
   return static_cast<int>(v);
 }
 
+// What a run's boots add up to: `spotvisor runs`' columns. Work lost: what
+// preempted boots had not committed when they ended.
+struct History {
+  int preempted = 0, failed = 0, open = 0;
+  double vm_seconds = 0;
+  std::uint64_t lost_bytes = 0;
+  std::string group;  // the newest boot's
+};
+History Summarize(const RunBoots& boots) {
+  History h;
+  for (auto const& b : boots.boots) {
+    h.preempted += b.reason == "preempted";
+    h.failed += JudgeBoot(b) == BootVerdict::kFailure;
+    h.open += !b.ended_at.has_value();
+    if (b.vm_seconds) h.vm_seconds += *b.vm_seconds;
+    if (b.reason == "preempted" && b.uncommitted_bytes) h.lost_bytes += *b.uncommitted_bytes;
+    if (!b.group.empty()) h.group = b.group;
+  }
+  return h;
+}
+// projects/P/zones/Z/instanceGroupManagers/NAME -> NAME (Z); an ASG's name as it is.
+std::string GroupName(const std::string& path) {
+  auto parts = SplitOn(path, '/');
+  if (parts.size() == 6 && parts[4] == "instanceGroupManagers") return fmt::format("{} ({})", parts[5], parts[3]);
+  return path;
+}
+
 // Every run under the store's root: a first-level directory holding a
 // manifest, DONE or status.json (anything else there is not a run).
 // `deeper`: prefixes one level down that hold runs (PREFIX/X/RUN_ID/...),
 // with how many, for a listing that found none at its own level.
 bool IsRunObject(const std::string& rest) {
-  return rest == kManifestObject || rest == kDoneObject || rest == kRunStatus || rest.rfind(kClaimsDir, 0) == 0 ||
+  return rest == kManifestObject || rest == kDoneObject || rest == kFailedObject || rest == kRunStatus ||
+         rest.rfind(kClaimsDir, 0) == 0 ||
          rest.rfind(kBootsDir, 0) == 0;
 }
 
@@ -224,6 +253,8 @@ StatusOr<std::vector<RunRow>> CollectRuns(ObjectStore& store, const std::string&
     if (auto done = ReadJson(s, id + "/" + kDoneObject, r.problem)) {
       r.state = "done";
       r.exit_code = Int(*done, "exit_code");
+    } else if (ReadJson(s, id + "/" + kFailedObject, r.problem)) {
+      r.state = "run-failed";  // max-failed-boots used up (run/budget.h): no boot trains it again
     }
     // A VM holds a live claim: the run is running, whatever status.json says
     // (only rank 0 of a gang writes it, and only after its restore).
@@ -269,15 +300,11 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
       if (!r.problem.empty()) j["problem"] = r.problem;
       // The run's history: each boot, and what they add up to.
       Json boots = Json::array();
-      int preempted = 0, failed = 0, open = 0;
-      double vm_seconds = 0;
+      auto h = Summarize(r.boots);
       for (auto const& b : r.boots.boots) {
-        preempted += b.reason == "preempted";
-        failed += b.reason == "failed" || b.reason == "restore-failed" || b.reason == "mount-failed";
-        open += !b.ended_at.has_value();
-        if (b.vm_seconds) vm_seconds += *b.vm_seconds;
         boots.push_back({{"instance", b.instance},
                          {"zone", b.zone},
+                         {"group", b.group.empty() ? Json(nullptr) : Json(b.group)},
                          {"started_at", FormatRfc3339(b.started_at)},
                          {"ended_at", b.ended_at ? Json(FormatRfc3339(*b.ended_at)) : Json(nullptr)},
                          {"reason", b.reason.empty() ? Json(nullptr) : Json(b.reason)},
@@ -286,8 +313,9 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
                          {"uncommitted_bytes", b.uncommitted_bytes ? Json(*b.uncommitted_bytes) : Json(nullptr)}});
       }
       j["boots"] = boots;
-      j["boot_summary"] = {{"boots", r.boots.boots.size()}, {"preempted", preempted}, {"failed", failed},
-                           {"not_ended", open}, {"vm_seconds", vm_seconds}};
+      j["boot_summary"] = {{"boots", r.boots.boots.size()}, {"preempted", h.preempted}, {"failed", h.failed},
+                           {"not_ended", h.open}, {"vm_seconds", h.vm_seconds}, {"lost_bytes", h.lost_bytes},
+                           {"group", h.group.empty() ? Json(nullptr) : Json(h.group)}};
       out.push_back(std::move(j));
     }
     std::puts(out.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
@@ -302,13 +330,18 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     return 0;
   }
   std::vector<std::vector<std::string>> table = {
-      {"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "CHECKPOINT", "INSTANCE", "BOOTS"}};
+      {"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "CHECKPOINT", "INSTANCE", "BOOTS", "PREEMPTED", "VM_HOURS",
+       "LOST", "GROUP"}};
   for (auto const& r : rows) {
+    auto h = Summarize(r.boots);
+    bool any = !r.boots.boots.empty();
     table.push_back({Shown(r.run_id), r.state, r.exit_code ? std::to_string(*r.exit_code) : "-",
                      r.sequence > 0 ? fmt::format("#{}", r.sequence) : "-",
                      r.committed_at.empty() ? "-" : Shown(ToSeconds(r.committed_at)),
                      r.sequence > 0 ? FormatBytes(r.checkpoint_bytes) : "-", r.instance.empty() ? "-" : Shown(r.instance),
-                     r.boots.boots.empty() ? "-" : std::to_string(r.boots.boots.size())});
+                     any ? std::to_string(r.boots.boots.size()) : "-", any ? std::to_string(h.preempted) : "-",
+                     any ? fmt::format("{:.2f}", h.vm_seconds / 3600.0) : "-",
+                     any && h.preempted > 0 ? FormatBytes(h.lost_bytes) : "-", h.group.empty() ? "-" : Shown(GroupName(h.group))});
   }
   std::vector<std::size_t> width(table[0].size(), 0);
   for (auto const& row : table) {

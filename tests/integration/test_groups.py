@@ -191,6 +191,12 @@ class ManagedInstanceGroupTest(SpotvisorTestCase):
         self.assertEqual(self.compute.target_size("trainers"), 1)
         self.assertEqual(self.marker_lines(), [])
         self.assertEqual(self.off_count(), 0)
+        # From the laptop: the run is failed, its boots and its group are in the history.
+        import subprocess
+        from harness import SPOTVISOR
+        out = subprocess.run([SPOTVISOR, "runs", "file://" + self.path("bucket")], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout.splitlines()[1], r"^run1\s+run-failed\s.*\s4\s+0\s+0\.\d\d\s+-\s+trainers \(us-central1-a\)$")
 
     def test_a_refused_leave_names_the_permission_and_powers_off(self):
         self.compute.deny("compute.instanceGroupManagers.update")
