@@ -61,6 +61,8 @@ const char* const kUsage =
     "                                        (on a laptop) download a run's newest checkpoint\n"
     "  spotvisor gc (--keep N | --older-than DURATION) [--delete] gs|s3://BUCKET/PREFIX\n"
     "                                        (on a laptop) remove old runs (a dry run by default)\n"
+    "  spotvisor stop [--wait DURATION] gs|s3://BUCKET/PREFIX/RUN_ID\n"
+    "                                        (on a laptop) end a run gracefully, wherever it runs\n"
     "  spotvisor version\n"
     "\n"
     "`spotvisor COMMAND --help` describes each command. Configuration keys: `spotvisor config`\n"
@@ -207,6 +209,19 @@ const std::map<std::string, std::string> kHelp = {
      "unchanged since listed). Credentials as for `spotvisor runs` (deleting needs\n"
      "storage.objects.delete, or s3:DeleteObject).\n"
      "Exit status: 0 listed or deleted, 1 a failure, 64 usage.\n"},
+    {"stop",
+     "Usage: spotvisor stop [--wait DURATION] [--access-token-command CMD] [--storage-endpoint URL]\n"
+     "                      gs://BUCKET[/PREFIX]/RUN_ID | s3://BUCKET[/PREFIX]/RUN_ID\n"
+     "\n"
+     "Ends a run gracefully from a laptop, on whichever VM it runs: writes RUN_ID/STOP in the\n"
+     "bucket (only if there is none yet). Every VM of the run looks for it every\n"
+     "stop-check-interval (30 s by default) while its trainer may run; it then stops the trainer\n"
+     "(SIGINT, the stop ladder), runs the final sync, ends the run as stop-requested and runs\n"
+     "on-exit (in a group: leaves it, so the group goes to 0). A later boot of the run ends at once\n"
+     "without training. Deleting RUN_ID/STOP lets the run go on. --wait DURATION: then wait until\n"
+     "the run's status.json says it ended (or it is done), saying what it waits for every 10 s.\n"
+     "Credentials as for `spotvisor runs` (writing needs storage.objects.create, or s3:PutObject).\n"
+     "Exit status: 0 requested (and, with --wait, ended), 1 failed, 2 --wait ran out, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -224,6 +239,7 @@ struct Args {
   std::optional<std::int64_t> sequence;
   std::optional<int> keep;
   std::optional<std::chrono::milliseconds> older_than;
+  std::optional<std::chrono::milliseconds> wait;  // stop --wait
   bool apply = false;  // gc --delete
 };
 
@@ -268,6 +284,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"runs", {"--json", "--access-token-command", "--storage-endpoint"}},
         {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
         {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
+        {"stop", {"--wait", "--access-token-command", "--storage-endpoint"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -279,7 +296,7 @@ int Parse(int argc, char** argv, Args& a) {
       std::fputs(kHelp.at(a.command).c_str(), stdout);
       return 0;
     }
-    if ((a.command == "runs" || a.command == "pull" || a.command == "gc") && arg.rfind("-", 0) != 0) {
+    if ((a.command == "runs" || a.command == "pull" || a.command == "gc" || a.command == "stop") && arg.rfind("-", 0) != 0) {
       a.positional.push_back(arg);
       continue;
     }
@@ -340,6 +357,10 @@ int Parse(int argc, char** argv, Args& a) {
       auto n = spotvisor::ParseUint64(value);
       if (!n || *n > 1'000'000) return Usage("--keep: \"" + value + "\" is not a number of runs (0, 1, ...)");
       a.keep = static_cast<int>(*n);
+    } else if (flag == "--wait") {
+      auto d = spotvisor::ParseDuration(value);
+      if (!d.ok()) return Usage("--wait: " + d.status().message());
+      a.wait = *d;
     } else if (flag == "--older-than") {
       auto d = spotvisor::ParseDuration(value);
       if (!d.ok()) return Usage("--older-than: " + d.status().message());
@@ -425,6 +446,10 @@ int main(int argc, char** argv) {
   if (a.command == "pull") {
     if (a.positional.empty() || a.positional.size() > 2) return Usage("spotvisor pull: give gs://BUCKET[/PREFIX]/RUN_ID [DIR]");
     return spotvisor::PullRun(a.positional[0], a.positional.size() > 1 ? a.positional[1] : "", a.sequence, a.remote);
+  }
+  if (a.command == "stop") {
+    if (a.positional.size() != 1) return Usage("spotvisor stop: give one gs://BUCKET[/PREFIX]/RUN_ID");
+    return spotvisor::StopRun(a.positional[0], a.wait, a.remote);
   }
   if (a.command == "gang-host") return GangHost();
   if (a.command == "sync") return spotvisor::RequestSync(StateDir(a), a.timeout);

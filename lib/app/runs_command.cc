@@ -1,18 +1,21 @@
 #include "app/runs_command.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/duration.h"
 #include "common/strings.h"
 #include "log/logger.h"
 #include "metadata/metadata_client.h"
@@ -527,6 +530,94 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
   }
   if (!r->state_warning.empty()) std::fprintf(stderr, "spotvisor pull: warning: %s\n", r->state_warning.c_str());
   return 0;
+}
+
+int StopRun(const std::string& url, std::optional<std::chrono::milliseconds> wait, const RemoteOptions& o) {
+  std::string u = url;
+  while (!u.empty() && u.back() == '/') u.pop_back();
+  auto slash = u.rfind('/');
+  std::string run_id = slash == std::string::npos ? "" : u.substr(slash + 1);
+  auto loc = ParseStoreLocation(u);
+  if (!loc.ok() || run_id.empty() || (loc->scheme != "file" && loc->prefix.empty())) {
+    std::fprintf(stderr, "spotvisor stop: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID, s3://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
+                 Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
+    return kExitUsage;
+  }
+  int rc = 0;
+  auto store = OpenFor("stop", u, o, rc);
+  if (!store) return rc;
+  CallContext ctx;
+  ctx.clock = &TheClock();
+  ctx.deadline = TheClock().Now() + std::chrono::seconds(60);
+  // A run that is not there is a typo, not a stop.
+  auto listed = store->List("", ctx);
+  if (!listed.ok()) {
+    std::fprintf(stderr, "spotvisor stop: listing %s: %s\n", Shown(u).c_str(), listed.status().message().c_str());
+    return 1;
+  }
+  bool is_run = false;
+  for (auto const& obj : *listed) is_run = is_run || IsRunObject(obj.name);
+  if (!is_run) {
+    std::fprintf(stderr, "spotvisor stop: %s holds no run (no manifest, DONE, status.json, claims or boots); is the run id "
+                         "right? `spotvisor runs` lists the runs under a prefix\n",
+                 Shown(u).c_str());
+    return 1;
+  }
+  if (auto done = store->ReadBytes(kDoneObject, nullptr, ctx); done.ok()) {
+    std::printf("%s is done already (DONE): nothing to stop\n", Shown(run_id).c_str());
+    return 0;
+  }
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
+  const char* user = std::getenv("USER");
+  Json marker = {{"version", 1},
+                 {"requested_at", FormatRfc3339(TheClock().WallNow())},
+                 {"by", fmt::format("spotvisor stop by {}@{}", user ? user : "?", host)}};
+  Precondition absent;
+  absent.if_generation_match = 0;
+  auto w = store->UploadBytes(kStopObject, marker.dump(2) + "\n", absent, ctx);
+  if (!w.ok() && w.status().code() == StatusCode::kFailedPrecondition) {
+    std::printf("a stop of %s was requested already (%s/%s is there)\n", Shown(run_id).c_str(), Shown(u).c_str(), kStopObject);
+  } else if (!w.ok()) {
+    std::fprintf(stderr, "spotvisor stop: writing %s/%s: %s\n", Shown(u).c_str(), kStopObject, w.status().message().c_str());
+    return 1;
+  } else {
+    std::printf("stop requested: %s/%s written. The run's VMs see it within stop-check-interval (30 s by default), stop "
+                "the trainer gracefully, sync and end the run (in a group: leave it); later boots do not train. Delete "
+                "it to let the run go on.\n",
+                Shown(u).c_str(), kStopObject);
+  }
+  std::fflush(stdout);
+  if (!wait) return 0;
+  auto until = TheClock().Now() + *wait;
+  auto said = TheClock().Now();
+  for (;;) {
+    CallContext c;
+    c.clock = &TheClock();
+    c.deadline = TheClock().Now() + std::chrono::seconds(30);
+    if (auto done = store->ReadBytes(kDoneObject, nullptr, c); done.ok()) {
+      std::printf("%s is done (DONE)\n", Shown(run_id).c_str());
+      return 0;
+    }
+    if (auto st = store->ReadBytes(kRunStatus, nullptr, c); st.ok()) {
+      auto j = Json::parse(*st, nullptr, false);
+      if (j.is_object() && Str(j, "state") == "ended") {
+        std::printf("%s ended: %s (at %s)\n", Shown(run_id).c_str(), Shown(Str(j, "reason")).c_str(),
+                    Shown(Str(j, "time")).c_str());
+        return 0;
+      }
+    }
+    if (TheClock().Now() >= until) {
+      std::fprintf(stderr, "spotvisor stop: %s has not ended after %s; its VMs may be away, or still syncing\n",
+                   Shown(run_id).c_str(), FormatDuration(*wait).c_str());
+      return 2;
+    }
+    if (TheClock().Now() - said >= std::chrono::seconds(10)) {
+      said = TheClock().Now();
+      std::fprintf(stderr, "spotvisor stop: waiting for %s to end (its status.json)\n", Shown(run_id).c_str());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 }
 
 }  // namespace spotvisor

@@ -35,4 +35,9 @@ int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::c
 int PullRun(const std::string& url, const std::string& dir, std::optional<std::int64_t> sequence,
             const RemoteOptions& options);
 
+// Writes URL/STOP (run/budget.h) so that the run's VMs end it gracefully.
+// Exit codes: 0 requested (with `wait`: and ended); 1 failed; 2 `wait` ran
+// out; 64 a bad URL.
+int StopRun(const std::string& url, std::optional<std::chrono::milliseconds> wait, const RemoteOptions& options);
+
 }  // namespace spotvisor

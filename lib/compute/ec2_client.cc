@@ -173,10 +173,16 @@ class AsgClient final : public QueryClient, public GroupClient {
     return first;
   }
   Status Leave(const CallContext& ctx) override {
-    return Call("TerminateInstanceInAutoScalingGroup",
-                fmt::format("InstanceId={}&ShouldDecrementDesiredCapacity=true", AwsUriEncode(i_.instance_id, false)),
-                fmt::format("leave {} with this instance ({})", g_.Describe(), i_.instance_id),
-                fmt::format("the group {}", g_.name), ctx);
+    auto s = Call("TerminateInstanceInAutoScalingGroup",
+                  fmt::format("InstanceId={}&ShouldDecrementDesiredCapacity=true", AwsUriEncode(i_.instance_id, false)),
+                  fmt::format("leave {} with this instance ({})", g_.Describe(), i_.instance_id),
+                  fmt::format("the group {}", g_.name), ctx);
+    // A terminating lifecycle hook now holds the instance in
+    // Terminating:Wait, billed, for nothing: the run is over and synced.
+    // Best effort (a hook that has not caught the instance yet answers a
+    // ValidationError, and its heartbeat timeout ends the wait).
+    if (s.ok()) (void)CompleteTermination(ctx, nullptr);
+    return s;
   }
 
  private:

@@ -29,6 +29,8 @@ const std::vector<KeySpec>& AllKeys() {
       {"max-failed-boots", "3",
        "After this many failed boots of the run in a row (trainer failed; restore, mount or sync failed), the run is "
        "marked failed (RUN_ID/FAILED) and every later boot ends at once (0: no limit; 0-1000)"},
+      {"stop-check-interval", "30s",
+       "How often a VM looks for RUN_ID/STOP in the bucket (`spotvisor stop`), while the trainer may run (0: never)"},
       {"shutdown-command", "systemctl poweroff", "How on-exit=poweroff powers off (run by /bin/sh -c)"},
       {"restart", "never",
        "never | on-failure: start a trainer that crashed (non-zero exit not caused by our stop) again"},

@@ -26,6 +26,7 @@ std::string BootJson(const Boot& b) {
             {"instance", b.instance},
             {"zone", b.zone},
             {"group", b.group.empty() ? Json(nullptr) : Json(b.group)},
+            {"budget_reset", b.budget_reset},
             {"token", b.token},
             {"started_at", FormatRfc3339(b.started_at)},
             {"ended_at", b.ended_at ? Json(FormatRfc3339(*b.ended_at)) : Json(nullptr)},
@@ -87,6 +88,7 @@ StatusOr<Boot> ParseBoot(const std::string& name, std::string_view text) {
     if (!it->is_number() || it->get<double>() < 0) return bad("vm_seconds must be a non-negative number");
     b.vm_seconds = it->get<double>();
   }
+  if (auto it = j.find("budget_reset"); it != j.end() && it->is_boolean()) b.budget_reset = it->get<bool>();
   if (auto it = j.find("sequence"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<long long>() < 0) return bad("sequence must be a whole number");
     b.sequence = it->get<long long>();

@@ -44,6 +44,9 @@ struct Boot {
   std::optional<int> uncommitted_files;            // work not committed when it ended
   std::optional<std::uint64_t> uncommitted_bytes;
   std::int64_t sequence = 0;  // the newest commit it knew of when it ended
+  // This boot found the budget used up but no FAILED marker: a person
+  // deleted it, and the count of failed boots starts again here (budget.h).
+  bool budget_reset = false;
 };
 
 std::string BootJson(const Boot& b);
@@ -65,6 +68,10 @@ class BootRecord {
   Status Begin(const CallContext& ctx);
   Status End(const BootEnd& end, const CallContext& ctx);
   const std::string& name() const { return boot_.name; }
+  void SetBudgetReset() {
+    std::lock_guard lk(mu_);
+    boot_.budget_reset = true;
+  }
   void SetGroup(std::string group) {
     std::lock_guard lk(mu_);
     boot_.group = std::move(group);

@@ -28,6 +28,7 @@ std::vector<std::string> FailedInARow(const std::vector<Boot>& boots) {
     auto v = JudgeBoot(*it);
     if (v == BootVerdict::kReset) break;
     if (v == BootVerdict::kFailure) out.insert(out.begin(), it->name);
+    if (it->budget_reset) break;  // FAILED was deleted before this boot: a new count began with it
   }
   return out;
 }
@@ -35,8 +36,22 @@ std::vector<std::string> FailedInARow(const std::vector<Boot>& boots) {
 RunBudget::RunBudget(std::shared_ptr<ObjectStore> run_store, std::string run_id, int max, const Clock& clock)
     : store_(std::move(run_store)), run_id_(std::move(run_id)), max_(max), clock_(clock) {}
 
+StatusOr<std::optional<nlohmann::json>> RunBudget::ReadStopRequest(const CallContext& ctx) {
+  auto text = store_->ReadBytes(kStopObject, nullptr, ctx);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) return std::optional<nlohmann::json>();
+    return Status(text.status().code(), "reading " + run_id_ + "/" + kStopObject + ": " + text.status().message());
+  }
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object()) j = nlohmann::json::object();  // a stop all the same
+  return std::optional<nlohmann::json>(j);
+}
+
 StatusOr<BudgetState> RunBudget::Check(const CallContext& ctx, std::vector<std::string>* problems) {
   BudgetState out;
+  auto stop = ReadStopRequest(ctx);
+  if (!stop.ok()) return stop.status();
+  out.stop_request = *stop;
   auto marker = store_->ReadBytes(kFailedObject, nullptr, ctx);
   if (marker.ok()) {
     auto j = nlohmann::json::parse(*marker, nullptr, false);
@@ -55,7 +70,7 @@ StatusOr<BudgetState> RunBudget::Check(const CallContext& ctx, std::vector<std::
       if (text.status().code() == StatusCode::kNotFound) continue;
       return Status(text.status().code(), "reading " + run_id_ + "/" + obj.name + ": " + text.status().message());
     }
-    auto b = ParseBoot(run_id_ + "/" + obj.name, *text);
+    auto b = ParseBoot(obj.name, *text);  // named as BootRecord::name() names it
     if (!b.ok()) {
       if (problems) problems->push_back(b.status().message());
       continue;
@@ -64,6 +79,11 @@ StatusOr<BudgetState> RunBudget::Check(const CallContext& ctx, std::vector<std::
   }
   std::sort(boots.begin(), boots.end(), [](auto const& a, auto const& b) { return a.started_at < b.started_at; });
   out.failed_in_a_row = FailedInARow(boots);
+  if (max_ > 0 && static_cast<int>(out.failed_in_a_row.size()) >= max_) {
+    // Used up, yet no FAILED: a person deleted it to let the run go on.
+    out.budget_reset = true;
+    out.failed_in_a_row.clear();
+  }
   return out;
 }
 

@@ -13,7 +13,10 @@
 // sync-failed or sync-stalled is a failure. A boot that was preempted, met a
 // maintenance, lost its gang, was stopped by a signal, or whose VM vanished
 // (no end recorded) is neither: it does not count and does not reset the
-// count. Any other ending (completed, max-runtime, idle) resets it.
+// count. Any other ending (completed, max-runtime, idle) resets it. Deleting
+// FAILED gives the run a whole new budget: the next boot finds the count used
+// up without the marker, and its record says budget_reset, where later
+// counts stop.
 #pragma once
 
 #include <memory>
@@ -32,6 +35,10 @@
 namespace spotvisor {
 
 inline constexpr char kFailedObject[] = "FAILED";
+// `spotvisor stop` (app/runs_command.h): {"version": 1, "requested_at", "by"};
+// the VMs of the run stop gracefully (final sync, on-exit) and no later boot
+// trains. Written only if absent; deleting it lets the run go on.
+inline constexpr char kStopObject[] = "STOP";
 
 enum class BootVerdict { kFailure, kNeutral, kReset };
 BootVerdict JudgeBootEnd(const std::string& reason);  // a run.end reason ("" = not ended)
@@ -42,7 +49,11 @@ std::vector<std::string> FailedInARow(const std::vector<Boot>& boots_oldest_firs
 
 struct BudgetState {
   std::optional<nlohmann::json> failed_marker;  // RUN_ID/FAILED, when there is one
+  std::optional<nlohmann::json> stop_request;   // RUN_ID/STOP, when there is one
   std::vector<std::string> failed_in_a_row;      // the boots before this one
+  // The boots before used the budget up but FAILED is gone (deleted to let
+  // the run go on): this boot starts a new count (Boot::budget_reset).
+  bool budget_reset = false;
 };
 
 class RunBudget {
@@ -57,6 +68,8 @@ class RunBudget {
   Status MarkFailed(const std::vector<std::string>& failed_boots, const std::string& instance, const std::string& reason,
                     const CallContext& ctx, bool* already = nullptr);
   std::string MarkerName() const { return run_id_ + "/" + kFailedObject; }
+  // RUN_ID/STOP, when `spotvisor stop` wrote it.
+  StatusOr<std::optional<nlohmann::json>> ReadStopRequest(const CallContext& ctx);
 
  private:
   std::shared_ptr<ObjectStore> store_;

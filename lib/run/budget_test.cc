@@ -50,7 +50,7 @@ TEST_CASE("the budget reads the boot records, and FAILED is written once, beside
   Bucket b;
   FakeClock clock;
   std::shared_ptr<ObjectStore> run = MakeFileObjectStore(b.root + "/run1");
-  RunBudget budget(run, "run1", 2, clock);
+  RunBudget budget(run, "run1", 3, clock);
   auto s = budget.Check(Background());
   REQUIRE(s.ok());
   CHECK_FALSE(s->failed_marker);
@@ -80,6 +80,24 @@ TEST_CASE("the budget reads the boot records, and FAILED is written once, beside
   CHECK((*s->failed_marker)["instance"] == "vm");
   CHECK((*s->failed_marker)["failed_boots"].size() == 2);
   CHECK(fs::exists(b.root + "/run1/FAILED"));
+
+  // A person deletes FAILED: the next boot gets a whole new budget, and the
+  // boots after it count from it, not from the old failures.
+  fs::remove(b.root + "/run1/FAILED");
+  RunBudget two(run, "run1", 2, clock);  // the two failures use up a budget of 2
+  s = two.Check(Background());
+  REQUIRE(s.ok());
+  CHECK(s->budget_reset);
+  CHECK(s->failed_in_a_row.empty());
+  BootRecord fresh(run, "run1", "vm", "z", "0000000000000002", clock);
+  fresh.SetBudgetReset();
+  REQUIRE(fresh.Begin(Background()).ok());
+  clock.wall += 10s;
+  REQUIRE(fresh.End({"failed", 1, std::nullopt, std::nullopt, 0}, Background()).ok());
+  s = two.Check(Background());
+  REQUIRE(s.ok());
+  CHECK_FALSE(s->budget_reset);
+  CHECK(s->failed_in_a_row == std::vector<std::string>{fresh.name()});
 }
 
 }  // namespace

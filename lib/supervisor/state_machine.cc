@@ -83,6 +83,7 @@ const char* EndReasonName(EndReason r) {
     case EndReason::kGangFormFailed: return "gang-form-failed";
     case EndReason::kSyncFailed: return "sync-failed";
     case EndReason::kRunFailed: return "run-failed";
+    case EndReason::kStopRequested: return "stop-requested";
   }
   return "?";
 }
@@ -186,7 +187,7 @@ constexpr const char* kEventNames[] = {"StartEvent",      "TrainerSpawned",  "Tr
                                        "LeftoversGone",   "OnExitDone",      "DeadlineReached",    "RestoreDone",
                                        "SyncDone",        "Release",         "IdleTimeout",        "MountsDone",
                                        "UnmountsDone",    "SyncStalled",     "MaintenanceWindow",  "GangFormed",
-                                       "GangFormFailed",  "GangEnded"};
+                                       "GangFormFailed",  "GangEnded",        "StopRequested"};
 static_assert(std::size(kEventNames) == std::variant_size_v<Event>);
 
 template <class E>
@@ -245,6 +246,7 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     auto maintenance = std::type_identity<MaintenanceNotice>{};
     auto signal = std::type_identity<StopSignal>{};
     auto idle = std::type_identity<IdleTimeout>{};
+    auto requested = std::type_identity<StopRequested>{};
     auto stalled = std::type_identity<SyncStalled>{};
     auto window = std::type_identity<MaintenanceWindow>{};
     auto release = std::type_identity<Release>{};
@@ -305,7 +307,8 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     // Restoring.
     on(In(S::kRestoring, S::kRestoreCancelled), restored,
        "failed: the run ends `restore-failed` (exit 74: never start from scratch over a newer checkpoint); "
-       "a DONE marker: `already-done`; a FAILED marker (too many failed boots in a row): `run-failed` (exit 76); stopped or preempted meanwhile: the run ends without a trainer; else spawn the trainer",
+       "a DONE marker: `already-done`; a FAILED marker (too many failed boots in a row): `run-failed` (exit 76); a STOP "
+       "marker (`spotvisor stop`): `stop-requested`; stopped or preempted meanwhile: the run ends without a trainer; else spawn the trainer",
        [](M& m, const RestoreDone& e, SteadyTime now, Out& out) { m.OnRestoreDone(e, now, out); });
     on(In(S::kRestoring), deadline, "`restore.failed` (restore did not finish in time): the run ends `restore-failed` (exit 74)",
        [](M& m, const DeadlineReached&, SteadyTime now, Out& out) {
@@ -450,6 +453,13 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
        });
     on(In(S::kRunning), signal, "SIGINT to the trainer's group → `stopping/SIGINT` (`stopped`)",
        [](M& m, const StopSignal&, SteadyTime now, Out& out) { m.BeginStop(EndReason::kStopped, now, out); });
+    on(In(S::kRunning), requested,
+       "`run.stop_requested` (`spotvisor stop`): SIGINT to the trainer's group → `stopping/SIGINT` (`stop-requested`); "
+       "the final sync, then on-exit (in a group: leave it)",
+       [](M& m, const StopRequested& e, SteadyTime now, Out& out) {
+         m.LogStopRequested(e);
+         m.BeginStop(EndReason::kStopRequested, now, out);
+       });
     on(In(S::kRunning), idle, "`idle.detected`: SIGINT to the trainer's group → `stopping/SIGINT` (`idle`)",
        [](M& m, const IdleTimeout& e, SteadyTime now, Out& out) {
          m.Log(Severity::kWarning, "idle.detected",
@@ -597,6 +607,11 @@ const std::vector<StateMachine::Row>& StateMachine::Table() {
     on(kRestarting, maintenance, "TERMINATE: no restart: the final sync (`syncing`) with a `bucket`, or the run ends",
        [](M& m, const MaintenanceNotice& e, SteadyTime now, Out& out) {
          if (Terminates(e)) m.StopFromIdle(EndReason::kMaintenance, now, out);
+       });
+    on(kRestarting, requested, "`run.stop_requested`: no restart: the final sync (`syncing`), then on-exit",
+       [](M& m, const StopRequested& e, SteadyTime now, Out& out) {
+         m.LogStopRequested(e);
+         m.StopFromIdle(EndReason::kStopRequested, now, out);
        });
     on(kRestarting, signal, "no restart: the final sync (`syncing`) with a `bucket`, or the run ends",
        [](M& m, const StopSignal&, SteadyTime now, Out& out) { m.StopFromIdle(EndReason::kStopped, now, out); });
@@ -917,6 +932,12 @@ void StateMachine::OnRestoreDone(const RestoreDone& e, SteadyTime now, std::vect
     Finish(now, out);
     return;
   }
+  if (e.run_stopped) {
+    reason_ = EndReason::kStopRequested;
+    exit_code_ = 0;
+    Finish(now, out);
+    return;
+  }
   FormOrSpawn(e.resumed, now, out);
 }
 
@@ -1219,6 +1240,13 @@ void StateMachine::ScheduleStop(EndReason reason, std::chrono::milliseconds lead
 
 // The trainer is not running (between restarts): no ladder, straight to the
 // final sync and on-exit.
+void StateMachine::LogStopRequested(const StopRequested& e) {
+  Log(Severity::kNotice, "run.stop_requested",
+      fmt::format("a stop was requested ({}): stopping the trainer gracefully; the final sync, then on-exit",
+                  e.by.empty() ? std::string("RUN_ID/STOP") : e.by),
+      {{"by", e.by}});
+}
+
 void StateMachine::StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out) {
   reason_ = reason;
   if (!Syncs()) {

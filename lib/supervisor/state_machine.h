@@ -78,6 +78,7 @@ enum class EndReason { kCompleted, kFailed, kPreempted, kMaintenance, kStopped, 
                        kGangFormFailed,  // the gang did not form (refused, or not within gang-form-timeout)
                        kSyncFailed,      // the trainer exited 0, but the final sync did not reach the bucket (exit 73)
                        kRunFailed,       // RUN_ID/FAILED: too many failed boots in a row (run/budget.h; exit 76)
+                       kStopRequested,   // RUN_ID/STOP: `spotvisor stop` from a laptop (run/budget.h)
 };
 // How loud a run.end is: ERROR where the run's work is at risk or lost
 // (failed, restore-failed, mount-failed, sync-failed, sync-stalled),
@@ -115,6 +116,7 @@ struct RestoreDone {
   bool resumed = false;
   std::string error;
   bool run_failed = false;  // FAILED found (run/budget.h): do not train again
+  bool run_stopped = false;  // STOP found (`spotvisor stop`): do not train again
 };
 struct Release {};
 struct MountsDone {
@@ -154,9 +156,13 @@ struct GangEnded {
   bool completed = false;
   bool member_failed = false;  // the member that ended it did so because its own trainer failed
 };
+// `spotvisor stop` wrote RUN_ID/STOP (seen by the stop-check-interval poll).
+struct StopRequested {
+  std::string by;  // who asked, from the marker
+};
 using Event = std::variant<StartEvent, TrainerSpawned, TrainerSpawnFailed, TrainerExited, GroupEmpty,
                            PreemptionNotice, MaintenanceNotice, StopSignal, LeftoversGone, OnExitDone, DeadlineReached, RestoreDone, SyncDone, Release, IdleTimeout, MountsDone, UnmountsDone, SyncStalled, MaintenanceWindow,
-                           GangFormed, GangFormFailed, GangEnded>;
+                           GangFormed, GangFormFailed, GangEnded, StopRequested>;
 
 // Actions.
 struct StartRestore {};
@@ -346,6 +352,7 @@ class StateMachine {
   void Conclude(SteadyTime now, std::vector<Action>& out);
   bool MaybeRestart(SteadyTime now, std::vector<Action>& out);
   void StopFromIdle(EndReason reason, SteadyTime now, std::vector<Action>& out);
+  void LogStopRequested(const StopRequested& e);
   // A notice with a lead: sync now, stop the trainer at now + lead.
   void ScheduleStop(EndReason reason, std::chrono::milliseconds lead, SteadyTime now, std::vector<Action>& out);
   void Log(Severity s, const char* event, std::string message, nlohmann::json fields = nlohmann::json::object());

@@ -342,6 +342,25 @@ TEST_CASE("FAILED found (too many failed boots in a row): no training, run-faile
   CHECK(*h.machine.end_reason() == EndReason::kRunFailed);
 }
 
+TEST_CASE("a stop request (spotvisor stop) stops the trainer gracefully; found at the restore, nothing is trained") {
+  Harness h(SyncOptions());
+  h.On(StartEvent{});
+  RestoreDone stopped;
+  stopped.run_stopped = true;
+  Only<RunOnExit>(h.On(stopped));
+  CHECK(h.Last("run.end").fields["reason"] == "stop-requested");
+  CHECK(h.machine.exit_code() == 0);
+  CHECK(*h.machine.end_reason() == EndReason::kStopRequested);
+
+  Harness running;
+  running.StartRunning();
+  CHECK(Only<SignalTrainer>(running.On(StopRequested{"spotvisor stop by me@laptop"})).signo == SIGINT);
+  CHECK(running.Logged("run.stop_requested"));
+  running.On(TrainerExited{100, 0, SIGINT});
+  Only<RunOnExit>(running.On(LeftoversGone{}));  // no bucket here: on-exit (in a group: leave it)
+  CHECK(running.Last("run.end").fields["reason"] == "stop-requested");
+}
+
 TEST_CASE("preempted while restoring: the trainer is not started afterwards") {
   Harness h(SyncOptions());
   h.On(StartEvent{});

@@ -232,6 +232,7 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       stall_timer_(io),
       memory_timer_(io),
       claim_timer_(io),
+      stop_check_timer_(io),
       durability_(options_.sync ? options_.config.sync_alert_after : std::chrono::milliseconds(0)) {
   if (auto t = SelfStartTicks(); t.ok()) start_time_ticks_ = *t;
   boot_id_ = BootId();
@@ -772,11 +773,19 @@ void Supervisor::StartRestore() {
     if (budget) {
       std::vector<std::string> problems;
       auto b = budget->Check(ctx, &problems);
-      bool marked = b.ok() && b->failed_marker;
+      bool marked = b.ok() && (b->failed_marker || b->stop_request);
+      if (b.ok() && b->budget_reset && boot) boot->SetBudgetReset();
+      bool stopped = b.ok() && b->stop_request;
       asio::post(io_, [this, b, problems, budget] {
         for (auto const& p : problems) logger_.Warn("run.record_unreadable", p + " (not counted)");
         if (!b.ok()) {
           logger_.Warn("run.budget_unknown", "cannot count the run's failed boots: " + b.status().message());
+        } else if (b->stop_request) {
+          logger_.Log(LogEvent{Severity::kNotice, "run.stop_requested",
+                               fmt::format("{}/{} is there (`spotvisor stop`): this run is not trained again (delete it "
+                                           "to go on)",
+                                           options_.config.run_id, kStopObject),
+                               {{"by", b->stop_request->value("by", "")}}});
         } else if (b->failed_marker) {
           logger_.Log(LogEvent{Severity::kError, "run.marked_failed",
                                fmt::format("{} is there: this run failed at too many boots in a row; not training "
@@ -785,14 +794,21 @@ void Supervisor::StartRestore() {
                                {{"marker", *b->failed_marker}}});
         } else {
           failed_before_ = b->failed_in_a_row;
+          if (b->budget_reset) {
+            logger_.Log(LogEvent{Severity::kNotice, "run.budget_reset",
+                                 fmt::format("the run's failed boots used up max-failed-boots, but {} is gone (deleted "
+                                             "to let the run go on): the count starts again with this boot",
+                                             budget->MarkerName())});
+          }
         }
       });
       if (marked) {
         if (boot) (void)boot->Begin(ctx);
-        asio::post(io_, [this] {
+        asio::post(io_, [this, stopped] {
           transfer_ = nullptr;
           RestoreDone done;
-          done.run_failed = true;
+          done.run_stopped = stopped;
+          done.run_failed = !stopped;
           Dispatch(done);
         });
         return;
@@ -821,6 +837,7 @@ void Supervisor::StartRestore() {
         durability_.CaughtUp(clock_.Now(), clock_.WallNow(), clock_.Now());
         ArmStallTimer();
         ArmReportTimer();
+        ArmStopCheck();
         PublishRunStatus({{"state", "running"}});
       }
       if (r->done) {
@@ -977,6 +994,44 @@ void Supervisor::ArmClaimTimer() {
     if (ec || exited_ || claim_released_) return;
     RenewClaim(PhaseName(machine_.phase()));
     ArmClaimTimer();
+  });
+}
+
+// `spotvisor stop` from a laptop writes RUN_ID/STOP; every VM of the run
+// looks for it every stop-check-interval while the trainer may run.
+void Supervisor::ArmStopCheck() {
+  auto budget = options_.budget;
+  auto every = options_.config.stop_check_interval;
+  if (!budget || every.count() <= 0 || exited_) return;
+  stop_check_timer_.expires_after(every);
+  stop_check_timer_.async_wait([this, budget, every](boost::system::error_code ec) {
+    if (ec || exited_) return;
+    auto p = machine_.phase();
+    if (p != Phase::kRunning && p != Phase::kRestarting && p != Phase::kForming) {
+      if (p == Phase::kStarting || p == Phase::kRestoring || p == Phase::kMounting) ArmStopCheck();
+      return;  // the run is ending anyway
+    }
+    CallContext ctx;
+    ctx.clock = &clock_;
+    ctx.cancel = NewWork();
+    ctx.deadline = clock_.Now() + std::min<std::chrono::milliseconds>(every, std::chrono::seconds(30));
+    pool_.Post([this, budget, ctx] {
+      auto s = budget->ReadStopRequest(ctx);
+      asio::post(io_, [this, s] {
+        if (exited_) return;
+        if (!s.ok()) {
+          // Once per streak: the bucket being away is said by the syncs too.
+          if (!stop_check_failing_) logger_.Warn("run.stop_check_failed", "cannot look for a stop request: " + s.status().message());
+          stop_check_failing_ = true;
+        } else if (*s) {
+          Dispatch(StopRequested{(*s)->value("by", "")});
+          return;
+        } else {
+          stop_check_failing_ = false;
+        }
+        ArmStopCheck();
+      });
+    });
   });
 }
 
@@ -1456,6 +1511,14 @@ void Supervisor::RunOnExit() {
     asio::post(io_, [this] { Dispatch(OnExitDone{0}); });
     return;
   }
+  if (options_.group && options_.make_group && reason == EndReason::kMaintenance) {
+    // The host maintenance stops or terminates the VM; its group brings it
+    // back, as after a preemption. Leaving would end the run for good.
+    logger_.Info("shutdown.skipped", fmt::format("a host maintenance ends this boot: left to {}, which brings the VM back",
+                                                 options_.group->Describe()));
+    asio::post(io_, [this] { Dispatch(OnExitDone{0}); });
+    return;
+  }
   if (options_.group && options_.make_group) {
     // In a group, stopping or deleting the VM (or powering it off) would be
     // undone by the group. A failed boot within the budget is deleted for
@@ -1665,6 +1728,7 @@ void Supervisor::Exit(int code) {
   report_timer_.cancel();
   stall_timer_.cancel();
   memory_timer_.cancel();
+  stop_check_timer_.cancel();
   if (auto by = machine_.RecordsDeadline(clock_.Now())) {
     for (auto& o : observers_) o->FinishBy(*by);
   }

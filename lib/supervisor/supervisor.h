@@ -139,6 +139,7 @@ class Supervisor {
   void RunOnExit();
   void RunPoweroff();
   void LeaveGroup(bool retry);
+  void ArmStopCheck();
   void CheckBudgetAtEnd(const CallContext& ctx);
   void AbandonOnExit();
   void ForcePoweroff();
@@ -197,13 +198,15 @@ class Supervisor {
   static constexpr std::chrono::seconds kMemoryReleaseDelay{10};
   void ScheduleMemoryRelease();
   boost::asio::steady_timer claim_timer_;
+  boost::asio::steady_timer stop_check_timer_;  // RUN_ID/STOP (`spotvisor stop`), every stop-check-interval
   std::atomic<bool> claim_released_{false};
   bool boot_begun_ = false;  // the boot record was begun (StartRestore, once)
   // The failed boots in a row before this one (run/budget.h), read at the
   // restore; set when this boot's failure used up the budget (FAILED written).
   std::vector<std::string> failed_before_;
   bool budget_exhausted_ = false;
-  bool complete_lifecycle_ = false;  // NotifyGroupTerminating: complete the hook's action at the end
+  bool complete_lifecycle_ = false;
+  bool stop_check_failing_ = false;  // NotifyGroupTerminating: complete the hook's action at the end
   // Renews this VM's claim on the run every third of its lifetime (run/claim.h).
   void ArmClaimTimer();
   void RenewClaim(const std::string& state);

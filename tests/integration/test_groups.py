@@ -57,6 +57,14 @@ class BudgetTest(SpotvisorTestCase):
         self.assertEqual(self.marker_lines(), [], "the trainer never ran")
         self.assertEqual(self.read("off").count("off"), 4, "each boot powered off (no group here)")
         self.assertEqual(self.failed_marker(), marker, "the marker is written once")
+        # Deleting FAILED gives the run a whole new budget, not one more try.
+        os.remove(self.path("bucket/run1/FAILED"))
+        for n in (1, 2):
+            p, code = self.boot(["--run-for", "10", "--exit-code", "3"])
+            if n == 1:
+                p.wait_event("run.budget_reset")
+            self.assertEqual(p.wait_event("run.failed_boot")["failed_in_a_row"], n)
+        self.assertIsNone(self.failed_marker())
 
     def test_a_good_ending_resets_the_count_and_a_preemption_does_not(self):
         self.boot(["--run-for", "10", "--exit-code", "3"])
@@ -162,6 +170,56 @@ class ManagedInstanceGroupTest(SpotvisorTestCase):
         p.wait_exit()
         self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
         self.assertEqual(self.compute.calls(), [], "no call: the group brings the VM back")
+        self.assertEqual(self.compute.target_size("trainers"), 2)
+        self.assertEqual(self.off_count(), 0)
+
+    def test_spotvisor_stop_from_a_laptop_ends_the_run_gracefully_and_the_group_goes_down(self):
+        import subprocess
+        from harness import SPOTVISOR
+        p = self.run_trainer(["--checkpoint-every", "50", "--marker-file", self.path("marker")], sets={
+            "compute-endpoint": self.compute.endpoint, "shutdown-command": f"echo off >> {self.path('off')}",
+            "on-exit": "poweroff", "bucket": "file://" + self.path("bucket"), "run-id": "run1",
+            "stop-check-interval": "1s", "sync-interval": "0", "sync-settle": "0s"})
+        p.wait_trainer_ready()
+        missing = subprocess.run([SPOTVISOR, "stop", "file://" + self.path("bucket/no-such-run")],
+                                 capture_output=True, text=True)
+        self.assertEqual(missing.returncode, 1)
+        self.assertIn("holds no run", missing.stderr)
+        out = subprocess.run([SPOTVISOR, "stop", "--wait", "60s", "file://" + self.path("bucket/run1")],
+                             capture_output=True, text=True, timeout=90)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("stop requested", out.stdout)
+        self.assertIn("run1 ended: stop-requested", out.stdout)
+        self.assertEqual(p.wait_exit(), 130)
+        self.assertIn("spotvisor stop by", p.wait_event("run.stop_requested")["by"])
+        p.wait_event("sync.complete", kind="final")
+        self.assertTrue(any(l.startswith("sigint ") for l in self.marker_lines()), "stopped gracefully")
+        self.assertEqual(p.wait_event("run.end")["reason"], "stop-requested")
+        self.assertEqual(p.wait_event("shutdown.start")["action"], "leave")
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        # A boot after that (the group had recreated it meanwhile) does not train, and leaves.
+        self.compute.add_member("trainers", "trainers-x1")
+        self.compute.set_target_size("trainers", 2)
+        os.remove(self.path("marker"))
+        p, code = self.boot(["--run-for", "10", "--marker-file", self.path("marker")])
+        self.assertEqual(code, 0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "stop-requested")
+        self.assertEqual(self.marker_lines(), [])
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        again = subprocess.run([SPOTVISOR, "stop", "file://" + self.path("bucket/run1")], capture_output=True, text=True)
+        self.assertEqual(again.returncode, 0)
+        self.assertIn("requested already", again.stdout)
+
+    def test_a_host_maintenance_is_left_to_the_group_too(self):
+        p = self.run_trainer(["--run-for", "60000"], sets={
+            "compute-endpoint": self.compute.endpoint, "shutdown-command": f"echo off >> {self.path('off')}",
+            "on-exit": "poweroff", "bucket": "file://" + self.path("bucket"), "run-id": "run1"})
+        p.wait_trainer_ready()
+        self.metadata.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
+        p.wait_exit()
+        self.assertEqual(p.wait_event("run.end")["reason"], "maintenance")
+        self.assertIn("left to", p.wait_event("shutdown.skipped")["message"])
+        self.assertEqual(self.compute.calls(), [], "leaving would end the run for good")
         self.assertEqual(self.compute.target_size("trainers"), 2)
         self.assertEqual(self.off_count(), 0)
 
@@ -339,6 +397,15 @@ class AutoScalingGroupTest(SpotvisorTestCase):
         self.assertEqual(p.wait_event("run.end")["reason"], "preempted")
         self.assertFalse(p.find("shutdown.start"), "the group terminates it: no on-exit on top")
         self.assertFalse(os.path.exists(self.path("off")))
+        # The run's end leaves the group, and the hook that catches the leaving instance is released too.
+        self.asg.add_instance("trainers", self.INSTANCE, "eu-west-1b")  # as a replacement would be
+        self.imds.set_target_lifecycle_state("InService")
+        p, code = self.boot(["--run-for", "10"], **{"run-id": "run2"})
+        self.assertEqual(code, 0)
+        p.wait_event("shutdown.api_done")
+        completed = [a for a in self.asg.lifecycle_actions(self.INSTANCE)
+                     if a["completed_by"] == "CompleteLifecycleAction" and a["result"] == "CONTINUE"]
+        self.assertEqual(len(completed), 2, "the leaving instance's hook was released too")
 
     def test_hidden_tags_are_said_and_an_explicit_group_key_names_the_group(self):
         self.imds.set_tags_enabled(False)
