@@ -10,6 +10,7 @@ each connection a socat of its own (guestfwd's cmd: form). A GCE scenario
   169.254.169.254:80        fake_metadata.py
   FAKES_ADDR:GCS_PORT       fake_gcs.py       (127.0.0.1:GCS_PORT on the host)
   FAKES_ADDR:LOGGING_PORT   fake_logging.py   (127.0.0.1:LOGGING_PORT on the host)
+  FAKES_ADDR:COMPUTE_PORT   fake_compute.py   (only for the MIG scenario: Fakes(mig=...))
 
 An EC2 scenario (Ec2Fakes), at fixed guest ports because the endpoints are
 baked into the image (a drop-in for spotvisor.service, AWS_ENDPOINTS below,
@@ -44,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fakes"))
 
 from fake_cloudwatch_logs import FakeCloudWatchLogsServer  # noqa: E402
+from fake_compute import FakeComputeServer  # noqa: E402
 from fake_ec2 import FakeEc2Server  # noqa: E402
 from fake_gcs import FakeGcsServer  # noqa: E402
 from fake_imds import FakeImdsServer  # noqa: E402
@@ -99,10 +101,22 @@ def wait_until(predicate, timeout, what, interval=0.05):
 class Fakes:
     """The three host-side fakes a guest talks to, on loopback."""
 
-    def __init__(self, instance_name, attrs):
+    def __init__(self, instance_name, attrs, mig=None):
         self.metadata = FakeMetadataServer(instance_name=instance_name, attrs={}).start()
         self.gcs = FakeGcsServer(buckets=[BUCKET], require_token=TOKEN).start()
         self.logging = FakeLoggingServer(PROJECT).start()
+        # mig: the name of a zonal managed instance group this VM is a member of
+        # (the Compute API, requiring the metadata server's token, and created-by).
+        self.compute = None
+        if mig:
+            zone = self.metadata.state("instance/zone")["value"].rsplit("/", 1)[1]
+            number = self.metadata.state("project/numeric-project-id")["value"]
+            self.compute = FakeComputeServer(PROJECT, zone, instance_name, token_ok=lambda t: t == TOKEN,
+                                             project_number=number).start()
+            self.compute.add_group(mig, zone=zone, members=[instance_name])
+            attrs = dict(attrs)
+            attrs["created-by"] = f"projects/{number}/zones/{zone}/instanceGroupManagers/{mig}"
+            attrs["spotvisor-compute-endpoint"] = f"http://{FAKES_ADDR}:{self.compute.port}/compute/v1"
         # A fixed token, so fake_gcs can require it (the generated ones count up).
         self.metadata.set(TOKEN_PATH, json.dumps(
             {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}))
@@ -116,12 +130,17 @@ class Fakes:
 
     def forwards(self):
         """(guest address, guest port, host port) for QEMU's guestfwd rules."""
-        return [(METADATA_ADDR, 80, self.metadata.port),
-                (FAKES_ADDR, self.gcs.port, self.gcs.port),
-                (FAKES_ADDR, self.logging.port, self.logging.port)]
+        out = [(METADATA_ADDR, 80, self.metadata.port),
+               (FAKES_ADDR, self.gcs.port, self.gcs.port),
+               (FAKES_ADDR, self.logging.port, self.logging.port)]
+        if self.compute:
+            out.append((FAKES_ADDR, self.compute.port, self.compute.port))
+        return out
 
     def stop(self):
-        for f in (self.metadata, self.gcs, self.logging):
+        for f in (self.metadata, self.gcs, self.logging, self.compute):
+            if f is None:
+                continue
             try:
                 f.stop()
             except Exception as e:  # noqa: BLE001 - cleanup must go on

@@ -115,11 +115,11 @@ def exec_form(*argv):
 class BootTest(unittest.TestCase):
     maxDiff = None
 
-    def boot(self, scenario, attrs=None, fakes=None):
-        """Fakes (GCE's with these attributes, unless given) + a fresh guest for one
-        scenario; both torn down after the test."""
+    def boot(self, scenario, attrs=None, fakes=None, mig=None):
+        """Fakes (GCE's with these attributes, unless given; `mig`: in that managed
+        instance group) + a fresh guest for one scenario; both torn down after the test."""
         self.scenario = scenario
-        self.fakes = fakes or Fakes(instance_name=scenario, attrs=attrs)
+        self.fakes = fakes or Fakes(instance_name=scenario, attrs=attrs, mig=mig)
         self.addCleanup(self.fakes.stop)
         self.vm = Vm(ENV["base"], ENV["image"], ENV["dataset"], self.fakes, ENV["workdir"], scenario)
         self.addCleanup(self.vm.kill)  # runs first: QEMU never outlives the test
@@ -518,6 +518,36 @@ class BootTest(unittest.TestCase):
                         "spotvisor was still running at the power button")
         unmounted = self.serial_event("mount.unmounted")
         self.assertEqual((unmounted.get("dir"), unmounted.get("lazy")), ("/mnt/dataset", False), unmounted)
+
+    # ------------------------------------------------------------------ (6)
+    def test_6_a_mig_member_leaves_its_group_when_the_run_completes(self):
+        # Issue #30: a VM that a managed instance group created (created-by) must not stop,
+        # delete or power itself off at the end (the group would bring it back, forever):
+        # it leaves through the group, which lowers its size and then deletes the VM; the test
+        # plays that part by pressing the power button, as GCE's deletion does.
+        run_id = "e2e-mig"
+        vm = self.boot(run_id, {"spotvisor-command": exec_form(TRAINER, "--run-for", "3000", "--checkpoint-every", "1000"),
+                                "spotvisor-bucket": f"gs://{BUCKET}/{PREFIX}"}, mig="trainers")
+        started = self.wait_trainer_started()
+        ended = self.wait_run_end(started, "trainer running -> run.end (run)")
+        group = self.event("cloud.group", timeout=30)
+        self.assertEqual((group.get("group_kind"), group.get("source")), ("zonal-mig", "created-by"), group)
+        done = self.event("shutdown.api_done", timeout=60)
+        self.assertIn("leaving it", done.get("message", ""), done)
+        calls = [c for c, _ in self.fakes.compute.calls()]
+        self.assertIn("instanceGroupManagers.deleteInstances", calls)
+        self.assertNotIn("instances.delete", calls)
+        self.assertEqual(self.fakes.compute.target_size("trainers"), 0)
+        self.assertEqual(self.fakes.compute.members("trainers"), [])
+        self.assertIn(f"{PREFIX}/{run_id}/DONE", self.fakes.objects(f"{PREFIX}/{run_id}/"))
+        self.assertEqual(self.fakes.guest_attributes().get("group"), group["group"])
+        # No poweroff of its own: the group deletes the VM (ACPI, as GCE does).
+        vm.wait_serial(r"spotvisor\.service: (Deactivated successfully|Main process exited)", 60, "spotvisor to exit")
+        self.assertNotRegex(vm.serial(), r"on-exit poweroff", "powered itself off: the group would have repaired it")
+        vm.wait_serial(r"Watching system buttons on \S+ \(Power Button\)", 30, "logind watching the power button")
+        vm.power_button()
+        rc = self.wait_poweroff(ended)
+        self.assert_powered_off(rc)
 
 
 def ns_gap(marker):
