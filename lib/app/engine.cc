@@ -904,6 +904,14 @@ int RunEngine(const EngineOptions& options) {
   if (HasMounts(config)) {
     MountOptions mo;
     mo.dataset_disk = config.dataset_disk;
+    if (group && group->kind == InstanceGroup::Kind::kRegionalMig) {
+      // Issue #30 point 7: the dataset must reach whichever zone the group chose.
+      mo.missing_disk_hint = fmt::format(
+          "This VM is in {}, which may create it in any zone of {} (this one: {}), and a zonal persistent disk exists "
+          "in one zone only: give the dataset as a regional persistent disk (attached read-only in both its zones, and "
+          "the group limited to them with --zones), through the bucket mount (bucket-mount), or baked into the image",
+          group->Describe(), group->location, metadata.zone);
+    }
     mo.dataset_dir = config.dataset_dir;
     mo.dataset_options = config.dataset_mount_options;
     mo.scratch_disk = config.scratch_disk;

@@ -152,7 +152,12 @@ StatusOr<MountManager::FoundDisk> MountManager::FindDisk(const char* what, const
           fmt::format("waiting up to {} for the {} disk \"{}\" to appear", FormatDuration(o_.timeout), what, disk),
           {{"what", what}, {"disk", disk}, {"looked_for", looked}});
   });
-  if (!device.ok()) return device.status();
+  if (!device.ok()) {
+    if (device.status().code() == StatusCode::kNotFound && !o_.missing_disk_hint.empty()) {
+      return Status(device.status().code(), device.status().message() + ". " + o_.missing_disk_hint);
+    }
+    return device.status();
+  }
   if (auto s = PrepareMountPoint(dir); !s.ok()) return s;
   struct stat dev_st;
   if (stat(device->c_str(), &dev_st) != 0) return ErrnoToStatus(errno, "stat " + *device);

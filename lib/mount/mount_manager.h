@@ -33,6 +33,9 @@ inline constexpr std::chrono::milliseconds kFuseExitWait{60'000};
 
 struct MountOptions {
   std::string dataset_disk, dataset_dir = "/mnt/dataset", dataset_options;
+  // Added to "the disk did not appear" (issue #30): why it may not be there
+  // (a regional group puts its VM in any zone; a zonal disk is in one).
+  std::string missing_disk_hint;
   std::string scratch_disk, scratch_dir = "/mnt/scratch";
   std::string bucket_mount;          // empty: no FUSE mount
   std::string bucket;                // gs://BUCKET[/PREFIX] (the bucket is mounted whole)

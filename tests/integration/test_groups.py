@@ -286,6 +286,20 @@ class ManagedInstanceGroupTest(SpotvisorTestCase):
         self.assertEqual(self.compute.calls(), [])
         self.assertEqual(self.off_count(), 1, "powered off: a group it cannot name cannot be left")
 
+    def test_in_a_regional_group_a_missing_dataset_disk_says_why_it_may_not_be_in_this_zone(self):
+        # Issue #30 point 7: a regional MIG creates its VM in any zone; a zonal disk is in one.
+        self.compute.add_group("regional", region="us-central1")
+        regional = "projects/123456789/regions/us-central1/instanceGroupManagers/regional"
+        self.metadata.set("instance/attributes/created-by", regional)
+        p, code = self.boot(["--run-for", "10"], **{"dataset-disk": "no-such-dataset", "dataset-dir": self.path("ds"),
+                                                    "mount-timeout": "1s"})
+        self.assertEqual(code, 72)
+        failed = p.wait_event("mount.failed")
+        self.assertIn("did not appear", failed["message"])
+        self.assertIn("regional managed instance group regional (us-central1)", failed["message"])
+        self.assertIn("this one: us-central1-a", failed["message"])
+        self.assertIn("bucket-mount", failed["message"])
+
     def test_group_none_and_an_explicit_regional_group(self):
         p, code = self.boot(["--run-for", "10"], group="none", **{"on-exit": "delete"})
         self.assertEqual(code, 0)
