@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "app/engine.h"
+#include "app/launch_command.h"
 #include "app/runs_command.h"
 #include "app/status_command.h"
 #include "common/duration.h"
@@ -61,6 +62,9 @@ const char* const kUsage =
     "                                        (on a laptop) download a run's newest checkpoint\n"
     "  spotvisor gc (--keep N | --older-than DURATION) [--delete] gs|s3://BUCKET/PREFIX\n"
     "                                        (on a laptop) remove old runs (a dry run by default)\n"
+    "  spotvisor launch --project P --zone Z|--region R --run-id RUN --bucket gs://BUCKET/PREFIX\n"
+    "                   --image-family F [--dry-run] [OPTIONS] -- COMMAND ARGS...\n"
+    "                                        (on a laptop) an unattended run on GCE: a template and a MIG\n"
     "  spotvisor stop [--wait DURATION] gs|s3://BUCKET/PREFIX/RUN_ID\n"
     "                                        (on a laptop) end a run gracefully, wherever it runs\n"
     "  spotvisor version\n"
@@ -222,6 +226,29 @@ const std::map<std::string, std::string> kHelp = {
      "the run's status.json says it ended (or it is done), saying what it waits for every 10 s.\n"
      "Credentials as for `spotvisor runs` (writing needs storage.objects.create, or s3:PutObject).\n"
      "Exit status: 0 requested (and, with --wait, ended), 1 failed, 2 --wait ran out, 64 usage.\n"},
+    {"launch",
+     "Usage: spotvisor launch --project PROJECT (--zone ZONE | --region REGION) --run-id RUN\n"
+     "                        --bucket gs://BUCKET[/PREFIX] (--image-family FAMILY [--image-project P] | --image IMAGE)\n"
+     "                        [--machine-type n1-standard-4] [--accelerator type=TYPE[,count=N]]\n"
+     "                        [--boot-disk-size 100] [--service-account EMAIL] [--scopes cloud-platform]\n"
+     "                        [--size 1] [--termination-action DELETE|STOP] [--set KEY=VALUE]...\n"
+     "                        [--compute-endpoint URL] [--access-token-command CMD] [--dry-run]\n"
+     "                        -- COMMAND ARGS...\n"
+     "\n"
+     "Creates what an unattended run needs on GCE and nothing more: an instance template named RUN\n"
+     "(Spot, the termination action, the machine, GPUs, the image, the service account and its\n"
+     "scopes, and the metadata spotvisor-run-id, spotvisor-bucket, spotvisor-command (exec form),\n"
+     "spotvisor-KEY for each --set, enable-guest-attributes) and a managed instance group named RUN\n"
+     "of --size VMs (1; N for a gang) in the zone, or across the region. The group brings a\n"
+     "preempted VM back; the VM leaves the group when the run is over (docs/unattended.md). The\n"
+     "image must have spotvisor baked in (docs/quickstart.md, step 4). Each request carries a\n"
+     "requestId, so a retry never creates a thing twice; a template made for a group that could not\n"
+     "be made is deleted again. --dry-run prints the API requests instead and needs no credentials.\n"
+     "Credentials: --access-token-command, else Application Default Credentials (a service-account\n"
+     "key is asked for the cloud-platform scope), else the metadata server; they need\n"
+     "roles/compute.instanceAdmin.v1 and roles/iam.serviceAccountUser on the VMs' service account.\n"
+     "EC2 (a launch template and an Auto Scaling group) is not there yet: docs/quickstart-aws.md.\n"
+     "Exit status: 0 launched (or printed), 1 an API call failed, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
 
@@ -240,6 +267,7 @@ struct Args {
   std::optional<int> keep;
   std::optional<std::chrono::milliseconds> older_than;
   std::optional<std::chrono::milliseconds> wait;  // stop --wait
+  spotvisor::LaunchOptions launch;
   bool apply = false;  // gc --delete
 };
 
@@ -285,6 +313,10 @@ int Parse(int argc, char** argv, Args& a) {
         {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
         {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
         {"stop", {"--wait", "--access-token-command", "--storage-endpoint"}},
+        {"launch", {"--project", "--zone", "--region", "--run-id", "--bucket", "--image", "--image-family",
+                    "--image-project", "--machine-type", "--accelerator", "--boot-disk-size", "--service-account",
+                    "--scopes", "--size", "--termination-action", "--set", "--compute-endpoint",
+                    "--access-token-command", "--dry-run", "--"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -313,6 +345,10 @@ int Parse(int argc, char** argv, Args& a) {
                                        "after --, as in: spotvisor " + a.command + " --" + rest);
       }
       return CommandUsage(a.command, "unknown option \"" + spotvisor::output::EscapeInvalidUtf8(arg) + "\"");
+    }
+    if (flag == "--dry-run") {
+      a.launch.dry_run = true;
+      continue;
     }
     if (flag == "--") {
       for (++i; i < argc; ++i) a.engine.command.push_back(argv[i]);
@@ -375,9 +411,37 @@ int Parse(int argc, char** argv, Args& a) {
       auto d = spotvisor::ParseDuration(value);
       if (!d.ok()) return Usage("--timeout: " + d.status().message());
       a.timeout = *d;
+    } else if (a.command == "launch" && flag != "--set" && flag != "--access-token-command") {
+      auto& l = a.launch;
+      auto number = [&](int& out, int hi) {
+        auto n = spotvisor::ParseUint64(value);
+        if (!n || *n > static_cast<std::uint64_t>(hi)) return false;
+        out = static_cast<int>(*n);
+        return true;
+      };
+      if (flag == "--project") l.project = value;
+      else if (flag == "--zone") l.zone = value;
+      else if (flag == "--region") l.region = value;
+      else if (flag == "--run-id") l.run_id = value;
+      else if (flag == "--bucket") l.bucket = value;
+      else if (flag == "--image") l.image = value;
+      else if (flag == "--image-family") l.image_family = value;
+      else if (flag == "--image-project") l.image_project = value;
+      else if (flag == "--machine-type") l.machine_type = value;
+      else if (flag == "--accelerator") l.accelerator = value;
+      else if (flag == "--service-account") l.service_account = value;
+      else if (flag == "--scopes") l.scopes = value;
+      else if (flag == "--termination-action") l.termination_action = value;
+      else if (flag == "--compute-endpoint") l.compute_endpoint = value;
+      else if (flag == "--boot-disk-size") {
+        if (!number(l.boot_disk_gb, 65536)) return CommandUsage("launch", "--boot-disk-size: a number of GB");
+      } else if (flag == "--size") {
+        if (!number(l.size, 1000)) return CommandUsage("launch", "--size: a number of VMs");
+      }
     } else if (flag == "--set") {
       auto kv = spotvisor::ParseSetFlag(value);
       if (!kv.ok()) return Usage(kv.status().message());
+      if (a.command == "launch") a.launch.sets[kv->first] = kv->second;
       a.engine.sets.push_back(*kv);
       if (kv->first == "log-format") {
         a.engine.log_format = kv->second == "text"   ? spotvisor::LogFormat::kText
@@ -446,6 +510,11 @@ int main(int argc, char** argv) {
   if (a.command == "pull") {
     if (a.positional.empty() || a.positional.size() > 2) return Usage("spotvisor pull: give gs://BUCKET[/PREFIX]/RUN_ID [DIR]");
     return spotvisor::PullRun(a.positional[0], a.positional.size() > 1 ? a.positional[1] : "", a.sequence, a.remote);
+  }
+  if (a.command == "launch") {
+    a.launch.command = a.engine.command;
+    a.launch.access_token_command = a.remote.access_token_command;
+    return spotvisor::Launch(a.launch);
   }
   if (a.command == "stop") {
     if (a.positional.size() != 1) return Usage("spotvisor stop: give one gs://BUCKET[/PREFIX]/RUN_ID");

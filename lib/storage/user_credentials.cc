@@ -239,6 +239,7 @@ class ServiceAccountTokens final : public CachedGrantTokens {
         key_(std::move(key)),
         token_uri_(std::move(token_uri)),
         http_(std::move(http)) {}
+  void SetScope(std::string scope) { scope_ = std::move(scope); }
 
  private:
   StatusOr<TokenGrant> Grant(const CallContext& ctx) override {
@@ -246,7 +247,7 @@ class ServiceAccountTokens final : public CachedGrantTokens {
     Json header = {{"alg", "RS256"}, {"typ", "JWT"}};
     if (!key_id_.empty()) header["kid"] = key_id_;
     Json claims = {{"iss", email_},
-                   {"scope", kServiceAccountScope},
+                   {"scope", scope_},
                    {"aud", kGoogleTokenUri},
                    {"iat", iat},
                    {"exp", iat + 3600}};
@@ -270,8 +271,9 @@ class ServiceAccountTokens final : public CachedGrantTokens {
   }
 
   static constexpr char kJwtBearerGrant[] = "urn:ietf:params:oauth:grant-type:jwt-bearer";
-  // What the laptop commands do: list, read and (gc --delete) delete objects.
-  static constexpr char kServiceAccountScope[] = "https://www.googleapis.com/auth/devstorage.read_write";
+  // The laptop commands list, read and (gc --delete) delete objects; launch
+  // creates templates and groups.
+  std::string scope_ = kStorageScope;
   std::string path_, email_, key_id_;
   std::unique_ptr<RsaSigningKey> key_;
   std::string token_uri_;
@@ -304,7 +306,8 @@ std::string FindAdcFile() {
 }
 
 StatusOr<std::unique_ptr<TokenProvider>> MakeAdcTokenProvider(const std::string& path, const Clock& clock,
-                                                              std::function<std::unique_ptr<HttpClient>()> make_http) {
+                                                              std::function<std::unique_ptr<HttpClient>()> make_http,
+                                                              const std::string& scope) {
   std::ifstream in(path);
   if (!in) return ErrnoToStatus(errno, "reading credentials " + path);
   std::stringstream ss;
@@ -334,8 +337,10 @@ StatusOr<std::unique_ptr<TokenProvider>> MakeAdcTokenProvider(const std::string&
     }
     auto key = RsaSigningKey::FromPem(str("private_key"), path);
     if (!key.ok()) return key.status();
-    return std::unique_ptr<TokenProvider>(std::make_unique<ServiceAccountTokens>(
-        path, str("client_email"), str("private_key_id"), std::move(*key), token_uri, clock, make_http()));
+    auto tokens = std::make_unique<ServiceAccountTokens>(path, str("client_email"), str("private_key_id"), std::move(*key),
+                                                         token_uri, clock, make_http());
+    tokens->SetScope(scope);
+    return std::unique_ptr<TokenProvider>(std::move(tokens));
   }
   for (const char* k : {"client_id", "client_secret", "refresh_token"}) {
     if (str(k).empty()) return InvalidArgumentError(fmt::format("{}: \"{}\" is missing or not a string", path, k));

@@ -36,8 +36,11 @@ std::string FindAdcFile();
 // and exchanges that (storage/service_account.h). Any other content is an
 // error naming the file and what is wrong; the key is read (and a bad one
 // refused) here, before any request.
+// `scope`: what a service-account key's token is for (an authorized_user's
+// refresh token keeps the scopes of its login).
+inline constexpr char kStorageScope[] = "https://www.googleapis.com/auth/devstorage.read_write";
 StatusOr<std::unique_ptr<TokenProvider>> MakeAdcTokenProvider(
     const std::string& path, const Clock& clock,
-    std::function<std::unique_ptr<HttpClient>()> make_http = MakeCurlHttpClient);
+    std::function<std::unique_ptr<HttpClient>()> make_http = MakeCurlHttpClient, const std::string& scope = kStorageScope);
 
 }  // namespace spotvisor

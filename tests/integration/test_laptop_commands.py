@@ -320,6 +320,25 @@ class LaptopCredentialsTest(LaptopCommandsTest):
         for secret in (TOKEN, "PRIVATE KEY", key["private_key"].splitlines()[1]):
             self.assertNotIn(secret, out.stdout + out.stderr)
 
+    def test_launch_asks_a_service_account_key_for_the_cloud_platform_scope(self):
+        # `runs` and friends ask for Cloud Storage only; `launch` creates a template and a group.
+        from fake_compute import FakeComputeServer
+        compute = FakeComputeServer("my-project", "us-central1-a", "x", token_ok=lambda t: t == TOKEN).start()
+        self.addCleanup(compute.stop)
+        key = self.oauth.service_account()
+        path = self.path("sa.json")
+        with open(path, "w") as f:
+            json.dump(key, f)
+        out = self.cli("launch", "--project", "my-project", "--zone", "us-central1-a", "--run-id", "r1",
+                       "--bucket", f"gs://{self.BUCKET}/exp", "--image-family", "spotvisor",
+                       "--compute-endpoint", compute.endpoint, "--", "python3", "train.py",
+                       env={}, extra_env={"GOOGLE_APPLICATION_CREDENTIALS": path})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(compute.group("r1")["targetSize"], 1)
+        self.assertEqual([claims["scope"] for _, claims in self.oauth.assertions],
+                         ["https://www.googleapis.com/auth/cloud-platform"])
+        self.assertNotIn("PRIVATE KEY", out.stdout + out.stderr)
+
     def test_a_deleted_service_account_key_is_refused_naming_the_account(self):
         key = self.oauth.service_account()
         self.oauth.delete_key(key["client_email"], key["private_key_id"])

@@ -1,0 +1,332 @@
+#include "app/launch_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "common/random.h"
+#include "common/strings.h"
+#include "config/keys.h"
+#include "http/http_client.h"
+#include "metadata/metadata_client.h"
+#include "output/utf8.h"
+#include "storage/token_provider.h"
+#include "storage/user_credentials.h"
+
+namespace spotvisor {
+namespace {
+
+using Json = nlohmann::json;
+constexpr int kExitUsage = 64;
+constexpr char kCloudPlatform[] = "https://www.googleapis.com/auth/cloud-platform";
+
+const SystemClock& TheClock() {
+  static const SystemClock clock;
+  return clock;
+}
+
+std::string Shown(const std::string& s) { return output::EscapeInvalidUtf8(s.substr(0, 300)); }
+
+// A version-4 UUID: the API's requestId, one per request (kept across its
+// retries, so that a lost answer does not create the resource twice).
+std::string RandomUuid() {
+  std::uint64_t a = RandomSeed(), b = RandomSeed();
+  a = (a & 0xffffffffffff0fffull) | 0x0000000000004000ull;
+  b = (b & 0x3fffffffffffffffull) | 0x8000000000000000ull;
+  return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xffff, b >> 48,
+                     b & 0xffffffffffffull);
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "spotvisor launch: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+// A GCE resource name: [a-z]([-a-z0-9]*[a-z0-9])?
+bool GceName(const std::string& s, std::size_t max) {
+  if (s.empty() || s.size() > max || s.front() < 'a' || s.front() > 'z' || s.back() == '-') return false;
+  return s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos;
+}
+
+// gcloud's scope aliases, as `--scopes` takes them.
+std::string ScopeUrl(const std::string& s) {
+  static const std::map<std::string, std::string> kAliases = {
+      {"cloud-platform", "cloud-platform"}, {"storage-rw", "devstorage.read_write"},
+      {"storage-ro", "devstorage.read_only"}, {"storage-full", "devstorage.full_control"},
+      {"logging-write", "logging.write"},   {"monitoring-write", "monitoring.write"},
+      {"compute-rw", "compute"},            {"compute-ro", "compute.readonly"}};
+  if (StartsWith(s, "https://")) return s;
+  auto it = kAliases.find(s);
+  return it == kAliases.end() ? "" : "https://www.googleapis.com/auth/" + it->second;
+}
+
+struct Request {
+  std::string method, path;  // path: after the endpoint
+  Json body;
+  std::string what;      // "instance template NAME", for messages
+  std::string permission;
+};
+
+// The template and the group, as the API takes them.
+StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
+  if (o.project.empty()) return InvalidArgumentError("--project is required");
+  if (o.zone.empty() == o.region.empty()) return InvalidArgumentError("give one of --zone (a zonal group) or --region (a regional one)");
+  // The group names its VMs RUN-xxxx: 58 characters leave room for that.
+  if (!GceName(o.run_id, 58)) {
+    return InvalidArgumentError(fmt::format(
+        "--run-id \"{}\" must be a Compute Engine name of at most 58 characters (lower-case letters, digits and '-', "
+        "a letter first): it names the run, the template, the group and its VMs",
+        Shown(o.run_id)));
+  }
+  if (!StartsWith(o.bucket, "gs://") || o.bucket.size() <= 5) {
+    return InvalidArgumentError("--bucket must be gs://BUCKET[/PREFIX]: where the run's checkpoints and record live");
+  }
+  if (o.size < 1 || o.size > 1000) return InvalidArgumentError("--size must be 1 to 1000 (a gang of N: N)");
+  if (o.termination_action != "DELETE" && o.termination_action != "STOP") {
+    return InvalidArgumentError("--termination-action must be DELETE (the group recreates a fresh VM) or STOP");
+  }
+  if (o.image.empty() == o.image_family.empty()) return InvalidArgumentError("give one of --image or --image-family");
+  if (o.boot_disk_gb < 10 || o.boot_disk_gb > 65536) return InvalidArgumentError("--boot-disk-size must be 10 to 65536 (GB)");
+  Json items = Json::array();
+  auto add = [&](const std::string& k, const std::string& v) { items.push_back({{"key", k}, {"value", v}}); };
+  add("spotvisor-run-id", o.run_id);
+  add("spotvisor-bucket", o.bucket);
+  bool command = false;
+  for (auto const& [key, value] : o.sets) {
+    if (FindKey(key) == nullptr) return InvalidArgumentError(fmt::format("--set {}: not a spotvisor key (`spotvisor config --template` lists them)", Shown(key)));
+    if (key == "run-id" || key == "bucket") return InvalidArgumentError(fmt::format("--set {}: give it as --{}", key, key));
+    command = command || key == "command";
+    add("spotvisor-" + key, value);
+  }
+  if (!o.command.empty()) {
+    if (command) return InvalidArgumentError("the command is given twice (--set command= and after --)");
+    add("spotvisor-command", Json(o.command).dump());  // exec form: a JSON array
+    command = true;
+  }
+  if (!command) return InvalidArgumentError("no command: give the trainer after --, e.g. -- python3 train.py");
+  add("enable-guest-attributes", "TRUE");
+  Json scopes = Json::array();
+  for (auto const& s : SplitOn(o.scopes, ',')) {
+    auto url = ScopeUrl(std::string(Trim(s)));
+    if (url.empty()) return InvalidArgumentError(fmt::format("--scopes: \"{}\" is not a scope URL or alias (cloud-platform, storage-rw, logging-write, compute-rw, ...)", Shown(s)));
+    scopes.push_back(url);
+  }
+  Json properties = {
+      {"machineType", o.machine_type},
+      {"scheduling",
+       {{"provisioningModel", "SPOT"},
+        {"instanceTerminationAction", o.termination_action},
+        {"onHostMaintenance", "TERMINATE"},
+        {"automaticRestart", false}}},
+      {"disks",
+       {{{"boot", true},
+         {"autoDelete", true},
+         {"type", "PERSISTENT"},
+         {"initializeParams",
+          {{"sourceImage", o.image.empty() ? fmt::format("projects/{}/global/images/family/{}",
+                                                         o.image_project.empty() ? o.project : o.image_project,
+                                                         o.image_family)
+                                           : o.image},
+           {"diskSizeGb", std::to_string(o.boot_disk_gb)}}}}}},
+      {"networkInterfaces", {{{"network", "global/networks/default"}, {"accessConfigs", {{{"name", "External NAT"}, {"type", "ONE_TO_ONE_NAT"}}}}}}},
+      {"serviceAccounts", {{{"email", o.service_account.empty() ? "default" : o.service_account}, {"scopes", scopes}}}},
+      {"metadata", {{"items", items}}},
+      {"labels", {{"spotvisor-run", o.run_id}}}};
+  if (!o.accelerator.empty()) {
+    std::string type;
+    int count = 1;
+    for (auto const& part : SplitOn(o.accelerator, ',')) {
+      auto eq = part.find('=');
+      std::string k = part.substr(0, eq), v = eq == std::string::npos ? "" : part.substr(eq + 1);
+      if (k == "type" && !v.empty()) {
+        type = v;
+      } else if (k == "count" && !v.empty() && v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos) {
+        count = std::stoi(v);
+      } else {
+        return InvalidArgumentError(fmt::format("--accelerator \"{}\": expected type=TYPE[,count=N]", Shown(o.accelerator)));
+      }
+    }
+    if (type.empty() || count < 1) return InvalidArgumentError("--accelerator needs type=TYPE (and count >= 1)");
+    properties["guestAccelerators"] = {{{"acceleratorType", type}, {"acceleratorCount", count}}};
+  }
+  std::vector<Request> out;
+  out.push_back({"POST", fmt::format("/projects/{}/global/instanceTemplates", o.project),
+                 {{"name", o.run_id}, {"description", "spotvisor run " + o.run_id}, {"properties", properties}},
+                 "instance template " + o.run_id, "compute.instanceTemplates.create"});
+  std::string where = o.zone.empty() ? fmt::format("regions/{}", o.region) : fmt::format("zones/{}", o.zone);
+  out.push_back({"POST", fmt::format("/projects/{}/{}/instanceGroupManagers", o.project, where),
+                 {{"name", o.run_id},
+                  {"description", "spotvisor run " + o.run_id + " (it leaves the group when the run is over)"},
+                  {"baseInstanceName", o.run_id},
+                  {"instanceTemplate", fmt::format("projects/{}/global/instanceTemplates/{}", o.project, o.run_id)},
+                  {"targetSize", o.size}},
+                 fmt::format("{} managed instance group {}", o.zone.empty() ? "regional" : "zonal", o.run_id),
+                 "compute.instanceGroupManagers.create"});
+  return out;
+}
+
+StatusOr<std::unique_ptr<TokenProvider>> Credentials(const LaunchOptions& o) {
+  if (!o.access_token_command.empty()) return MakeCommandTokenProvider(o.access_token_command, TheClock());
+  if (auto adc = FindAdcFile(); !adc.empty()) return MakeAdcTokenProvider(adc, TheClock(), MakeCurlHttpClient, kCloudPlatform);
+  auto endpoint = MetadataEndpointFromEnv();
+  endpoint.connect_timeout = std::chrono::milliseconds(1000);
+  auto client = MakeMetadataClient(endpoint, MakeCurlHttpClient(), MakeCurlHttpClient);
+  if (client->Get("instance/service-accounts/default/email").ok()) {
+    return std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(std::move(client), TheClock()));
+  }
+  return PermissionDeniedError(
+      "no credentials: run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or pass "
+      "--access-token-command \"gcloud auth print-access-token\"");
+}
+
+class Api {
+ public:
+  Api(std::string endpoint, std::unique_ptr<TokenProvider> tokens)
+      : endpoint_(std::move(endpoint)), tokens_(std::move(tokens)), http_(MakeCurlHttpClient()) {}
+
+  // One request; 429/5xx and transport errors are tried again (3 times in
+  // all) with the same requestId, which makes a repeated insert harmless.
+  StatusOr<Json> Call(const std::string& method, const std::string& path, const Json* body, const std::string& what,
+                      const std::string& permission) {
+    std::string url = endpoint_ + path;
+    if (method != "GET") url += (url.find('?') == std::string::npos ? "?" : "&") + ("requestId=" + RandomUuid());
+    Status last;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::seconds(1 << attempt));  // a CLI, not the daemon's loop
+      auto auth = tokens_->AuthorizationHeader(Background());
+      if (!auth.ok()) return auth.status();
+      HttpRequest req;
+      req.method = method;
+      req.url = url;
+      req.timeout = std::chrono::seconds(60);
+      if (!auth->empty()) req.headers.emplace_back("Authorization", *auth);
+      if (body) {
+        req.headers.emplace_back("Content-Type", "application/json");
+        req.body = body->dump();
+      }
+      auto r = http_->Perform(req);
+      if (!r.ok()) {
+        last = Status(r.status().code(), fmt::format("{}: {}", what, r.status().message()));
+        continue;
+      }
+      auto j = Json::parse(r->body, nullptr, false);
+      if (r->status == 200) return j.is_discarded() ? Json::object() : j;
+      std::string message;
+      if (j.is_object() && j.contains("error") && j["error"].is_object()) message = Shown(j["error"].value("message", ""));
+      auto server = fmt::format("HTTP {}: {}", r->status, message);
+      if (r->status == 429 || r->status >= 500) {
+        last = UnavailableError(fmt::format("{}: {}", what, server));
+        continue;
+      }
+      if (r->status == 401 || r->status == 403) {
+        return PermissionDeniedError(fmt::format(
+            "{}: permission denied ({}): the credentials need {} (e.g. roles/compute.instanceAdmin.v1) in the project, "
+            "and roles/iam.serviceAccountUser on the VMs' service account",
+            what, server, permission));
+      }
+      if (r->status == 409) {
+        return FailedPreconditionError(fmt::format("{}: already exists ({}): an earlier launch of this run? pick another "
+                                              "--run-id, or delete it first",
+                                              what, server));
+      }
+      if (r->status == 404) return NotFoundError(fmt::format("{}: not found ({})", what, server));
+      return InvalidArgumentError(fmt::format("{}: {}", what, server));
+    }
+    return last;
+  }
+
+  // Until the operation is DONE (at most 10 minutes); its error is the call's.
+  Status Wait(Json op, const std::string& scope_path, const std::string& what) {
+    auto until = TheClock().Now() + std::chrono::minutes(10);
+    for (;;) {
+      if (!op.is_object()) return OkStatus();
+      if (op.contains("error") && op["error"].is_object()) {
+        std::string message = "the operation failed";
+        auto const& errors = op["error"]["errors"];
+        if (errors.is_array() && !errors.empty() && errors[0].is_object()) {
+          message = Shown(fmt::format("{}: {}", errors[0].value("code", ""), errors[0].value("message", "")));
+        }
+        return FailedPreconditionError(fmt::format("{}: {}", what, message));
+      }
+      if (op.value("status", "") == "DONE") return OkStatus();
+      std::string name = op.value("name", "");
+      if (name.empty()) return OkStatus();
+      if (TheClock().Now() >= until) return DeadlineExceededError(what + ": not done after 10 minutes (operation " + Shown(name) + ")");
+      auto next = Call("POST", fmt::format("{}/operations/{}/wait", scope_path, name), nullptr, what, "compute.*Operations.get");
+      if (!next.ok()) return next.status();
+      op = *std::move(next);
+    }
+  }
+
+ private:
+  std::string endpoint_;
+  std::unique_ptr<TokenProvider> tokens_;
+  std::unique_ptr<HttpClient> http_;
+};
+
+}  // namespace
+
+int Launch(const LaunchOptions& o) {
+  auto requests = BuildRequests(o);
+  if (!requests.ok()) return UsageError(requests.status().message());
+  std::string endpoint = o.compute_endpoint;
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  if (o.dry_run) {
+    for (auto const& r : *requests) std::printf("%s %s%s\n%s\n\n", r.method.c_str(), endpoint.c_str(), r.path.c_str(), r.body.dump(2).c_str());
+    std::printf("dry run: nothing was created\n");
+    return 0;
+  }
+  auto tokens = Credentials(o);
+  if (!tokens.ok()) {
+    std::fprintf(stderr, "spotvisor launch: %s\n", tokens.status().message().c_str());
+    return 1;
+  }
+  Api api(endpoint, std::move(*tokens));
+  std::string project_path = "/projects/" + o.project;
+  std::string group_scope = project_path + (o.zone.empty() ? "/regions/" + o.region : "/zones/" + o.zone);
+  auto const& tpl = (*requests)[0];
+  auto const& group = (*requests)[1];
+  std::fprintf(stderr, "spotvisor launch: creating %s ...\n", tpl.what.c_str());
+  auto op = api.Call(tpl.method, tpl.path, &tpl.body, tpl.what, tpl.permission);
+  Status s = op.ok() ? api.Wait(*op, project_path + "/global", tpl.what) : op.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "spotvisor launch: %s\n", s.message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "spotvisor launch: creating %s ...\n", group.what.c_str());
+  op = api.Call(group.method, group.path, &group.body, group.what, group.permission);
+  s = op.ok() ? api.Wait(*op, group_scope, group.what) : op.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "spotvisor launch: %s\n", s.message().c_str());
+    // Nothing left behind: the template was made for this group only.
+    auto del = api.Call("DELETE", fmt::format("{}/global/instanceTemplates/{}", project_path, o.run_id), nullptr, tpl.what,
+                        "compute.instanceTemplates.delete");
+    Status d = del.ok() ? api.Wait(*del, project_path + "/global", "deleting " + tpl.what) : del.status();
+    if (d.ok()) {
+      std::fprintf(stderr, "spotvisor launch: deleted %s again: nothing was left behind\n", tpl.what.c_str());
+    } else {
+      std::fprintf(stderr, "spotvisor launch: %s is left (deleting it failed: %s): gcloud compute instance-templates delete %s\n",
+                   tpl.what.c_str(), d.message().c_str(), o.run_id.c_str());
+    }
+    return 1;
+  }
+  std::string where = o.zone.empty() ? "--region=" + o.region : "--zone=" + o.zone;
+  std::printf(
+      "launched run %s: instance template %s and %s of %d (Spot, termination action %s).\n"
+      "  watch:   spotvisor runs %s\n"
+      "           gcloud compute instance-groups managed list-instances %s %s --project=%s\n"
+      "  stop:    spotvisor stop %s/%s\n"
+      "When the run is over its VMs leave the group (size 0); then delete the group and the template:\n"
+      "  gcloud compute instance-groups managed delete %s %s --project=%s --quiet && "
+      "gcloud compute instance-templates delete %s --project=%s --quiet\n",
+      o.run_id.c_str(), o.run_id.c_str(), group.what.c_str(), o.size, o.termination_action.c_str(), o.bucket.c_str(),
+      o.run_id.c_str(), where.c_str(), o.project.c_str(), o.bucket.c_str(), o.run_id.c_str(), o.run_id.c_str(),
+      where.c_str(), o.project.c_str(), o.run_id.c_str(), o.project.c_str());
+  return 0;
+}
+
+}  // namespace spotvisor
