@@ -480,18 +480,28 @@ int GcRuns(const std::string& url, std::optional<int> keep, std::optional<std::c
   return failed ? 1 : 0;
 }
 
-int PullRun(const std::string& url, const std::string& dir_in, std::optional<std::int64_t> sequence,
-            const RemoteOptions& o) {
-  std::string u = url;
+namespace {
+// A run's URL: gs://BUCKET/[PREFIX/]RUN_ID, s3://... or file:///PATH/RUN_ID,
+// without trailing slashes, and its run id; false (said on stderr) if not.
+bool RunUrl(const char* command, const std::string& url, std::string& u, std::string& run_id) {
+  u = url;
   while (!u.empty() && u.back() == '/') u.pop_back();
   auto slash = u.rfind('/');
-  std::string run_id = slash == std::string::npos ? "" : u.substr(slash + 1);
+  run_id = slash == std::string::npos ? "" : u.substr(slash + 1);
   auto loc = ParseStoreLocation(u);
   if (!loc.ok() || run_id.empty() || (loc->scheme != "file" && loc->prefix.empty())) {
-    std::fprintf(stderr, "spotvisor pull: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID, s3://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
-                 Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
-    return kExitUsage;
+    std::fprintf(stderr, "spotvisor %s: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID, s3://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
+                 command, Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
+    return false;
   }
+  return true;
+}
+}  // namespace
+
+int PullRun(const std::string& url, const std::string& dir_in, std::optional<std::int64_t> sequence,
+            const RemoteOptions& o) {
+  std::string u, run_id;
+  if (!RunUrl("pull", url, u, run_id)) return kExitUsage;
   int rc = 0;
   auto store = OpenFor("pull", u, o, rc);
   if (!store) return rc;
@@ -533,16 +543,8 @@ int PullRun(const std::string& url, const std::string& dir_in, std::optional<std
 }
 
 int StopRun(const std::string& url, std::optional<std::chrono::milliseconds> wait, const RemoteOptions& o) {
-  std::string u = url;
-  while (!u.empty() && u.back() == '/') u.pop_back();
-  auto slash = u.rfind('/');
-  std::string run_id = slash == std::string::npos ? "" : u.substr(slash + 1);
-  auto loc = ParseStoreLocation(u);
-  if (!loc.ok() || run_id.empty() || (loc->scheme != "file" && loc->prefix.empty())) {
-    std::fprintf(stderr, "spotvisor stop: \"%s\" is not gs://BUCKET/[PREFIX/]RUN_ID, s3://BUCKET/[PREFIX/]RUN_ID or file:///PATH/RUN_ID%s\n",
-                 Shown(url).c_str(), loc.ok() ? "" : (": " + loc.status().message()).c_str());
-    return kExitUsage;
-  }
+  std::string u, run_id;
+  if (!RunUrl("stop", url, u, run_id)) return kExitUsage;
   int rc = 0;
   auto store = OpenFor("stop", u, o, rc);
   if (!store) return rc;
