@@ -137,10 +137,41 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
     auto op = Call("POST", fmt::format("{}/{}/deleteInstances", endpoint_, GroupPath()), body.dump(), "leave",
                    "compute.instanceGroupManagers.update", ctx);
     if (!op.ok()) return op.status();
-    return Follow(*op, ctx);
+    return Follow(*op, GroupScope(), "leave", false, ctx);
+  }
+
+  Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) override {
+    auto group = Call("GET", fmt::format("{}/{}", endpoint_, GroupPath()), "", "read", "compute.instanceGroupManagers.get", ctx);
+    if (!group.ok() || !group->is_object() || group->value("targetSize", -1) != 1) return Leave(ctx);  // others stay
+    std::string tpl = group->value("instanceTemplate", "");
+    if (auto at = tpl.find("projects/"); at != std::string::npos) tpl = tpl.substr(at);
+    // Out of the group first, without being deleted: the group would
+    // otherwise take its time deleting this VM, and the template cannot go
+    // while the group uses it.
+    nlohmann::json body = {{"instances", {fmt::format("zones/{}/instances/{}", i_.zone, i_.name)}}};
+    auto op = Call("POST", fmt::format("{}/{}/abandonInstances", endpoint_, GroupPath()), body.dump(), "leave",
+                   "compute.instanceGroupManagers.update", ctx);
+    if (!op.ok()) return op.status();
+    if (auto s = Follow(*op, GroupScope(), "leave", true, ctx); !s.ok()) return s;
+    op = Call("DELETE", fmt::format("{}/{}", endpoint_, GroupPath()), "", "delete", "compute.instanceGroupManagers.delete", ctx);
+    bool group_gone = op.ok() && Follow(*op, GroupScope(), "delete", true, ctx).ok();
+    if (group_gone && deleted) deleted->push_back(g_.Path());
+    if (group_gone && StartsWith(tpl, "projects/") && tpl.find("/global/instanceTemplates/") != std::string::npos) {
+      op = Call("DELETE", fmt::format("{}/{}", endpoint_, tpl), "", "delete the template of", "compute.instanceTemplates.delete", ctx);
+      auto global = fmt::format("projects/{}/global", UrlEncode(g_.project));
+      if (op.ok() && Follow(*op, global, "delete the template of", true, ctx).ok() && deleted) deleted->push_back(tpl);
+    }
+    // No group brings it back now: this VM can go by itself.
+    auto s = DeleteInstance(ctx);
+    if (s.ok() && deleted) deleted->push_back(fmt::format("projects/{}/zones/{}/instances/{}", i_.project, i_.zone, i_.name));
+    return s;
   }
 
  private:
+  std::string GroupScope() const {
+    return fmt::format("projects/{}/{}/{}", UrlEncode(g_.project),
+                       g_.kind == InstanceGroup::Kind::kRegionalMig ? "regions" : "zones", UrlEncode(g_.location));
+  }
   std::string GroupPath() const {
     return fmt::format("projects/{}/{}/{}/instanceGroupManagers/{}", UrlEncode(g_.project),
                        g_.kind == InstanceGroup::Kind::kRegionalMig ? "regions" : "zones", UrlEncode(g_.location),
@@ -151,12 +182,14 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
   }
   std::string Scope() const override { return "the group " + g_.Path(); }
 
-  // Up to 10 s (and never past ctx's deadline): an error in the operation
-  // is a refusal; an operation still running is the group at work (the VM
-  // goes when it is done).
-  Status Follow(nlohmann::json op, const CallContext& ctx) {
+  // Up to 10 s (and never past ctx's deadline; `until_done`: until the
+  // deadline): an error in the operation is a refusal; an operation still
+  // running at the end is the group at work (the VM goes when it is done),
+  // or, `until_done`, not done in time.
+  Status Follow(nlohmann::json op, const std::string& scope, const std::string& verb, bool until_done,
+                const CallContext& ctx) {
     std::string name = op.is_object() && op.contains("name") && op["name"].is_string() ? op["name"].get<std::string>() : "";
-    auto until = ctx.clock ? ctx.clock->Now() + std::chrono::seconds(10) : SteadyTime::max();
+    auto until = ctx.clock && !until_done ? ctx.clock->Now() + std::chrono::seconds(10) : SteadyTime::max();
     ContextSleeper sleeper(ctx, &sleeper_);
     for (;;) {
       if (!op.is_object()) return OkStatus();
@@ -168,16 +201,17 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
           std::string text = errors[0].value("message", "");
           message = output::EscapeInvalidUtf8(fmt::format("{}: {}", code, text).substr(0, 300));
         }
-        return FailedPreconditionError(fmt::format("{}: {}", Subject("leave"), message));
+        return FailedPreconditionError(fmt::format("{}: {}", Subject(verb), message));
       }
       if (op.value("status", "") == "DONE" || name.empty()) return OkStatus();
-      if (ctx.clock && ctx.clock->Now() >= until) return OkStatus();
-      if (!sleeper.SleepFor(std::chrono::seconds(1))) return OkStatus();
-      std::string where = g_.kind == InstanceGroup::Kind::kRegionalMig ? "regions" : "zones";
-      auto next = Call("GET", fmt::format("{}/projects/{}/{}/{}/operations/{}", endpoint_, UrlEncode(g_.project), where,
-                                          UrlEncode(g_.location), UrlEncode(name)),
-                       "", "follow the leave of", "compute.zoneOperations.get", ctx);
-      if (!next.ok()) return OkStatus();  // accepted already; following it is a courtesy
+      auto not_done = [&] {
+        return until_done ? DeadlineExceededError(Subject(verb) + ": the operation did not finish in time") : OkStatus();
+      };
+      if (ctx.clock && ctx.clock->Now() >= until) return not_done();
+      if (!sleeper.SleepFor(std::chrono::milliseconds(until_done ? 250 : 1000))) return not_done();
+      auto next = Call("GET", fmt::format("{}/{}/operations/{}", endpoint_, scope, UrlEncode(name)), "", "follow: " + verb,
+                       "compute.zoneOperations.get", ctx);
+      if (!next.ok()) return until_done ? next.status() : OkStatus();  // accepted already; following it is a courtesy
       op = *std::move(next);
     }
   }

@@ -56,6 +56,15 @@ class GroupClient {
   virtual Status Leave(const CallContext& ctx) = 0;
   // "instanceGroupManagers.deleteInstances" etc., for messages.
   virtual std::string LeaveCall() const = 0;
+  // group-delete-when-empty: when this VM is the group's last (target size
+  // 1), it is taken out of the group without being deleted (abandonInstances),
+  // the now empty group and then its instance template are deleted, and
+  // last this VM itself; `deleted` names what went. Otherwise (others stay, or
+  // no way to tell) Leave(). GCE only; elsewhere Leave().
+  virtual Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) {
+    (void)deleted;
+    return Leave(ctx);
+  }
   // EC2: the group is terminating this instance and a lifecycle hook
   // (autoscaling:EC2_INSTANCE_TERMINATING) holds it in Terminating:Wait:
   // CompleteLifecycleAction (CONTINUE) on each such hook of the group, once

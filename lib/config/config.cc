@@ -438,6 +438,7 @@ ConfigResult ResolveConfig(const ConfigInputs& in) {
   res.OneOf<bool>("restart", {{"never", false}, {"on-failure", true}}, c.restart_on_failure);
   res.Integer("max-restarts", 0, 1000, c.max_restarts);
   res.Integer("max-failed-boots", 0, 1000, c.max_failed_boots);
+  res.OneOf<bool>("group-delete-when-empty", {{"false", false}, {"true", true}}, c.group_delete_when_empty);
   c.stop_check_interval = res.Duration("stop-check-interval", c.stop_check_interval);
   c.group = std::string(Trim(res.Get("group").value));
   if (c.group.empty()) c.group = "auto";

@@ -66,6 +66,7 @@ struct Config {
   std::string compute_endpoint;
   std::string group = "auto";  // auto | none | a group (compute/group.h); resolved in app/group.cc
   int max_failed_boots = 3;    // 0: no limit
+  bool group_delete_when_empty = false;
   std::chrono::milliseconds stop_check_interval{30'000};  // RUN_ID/STOP; 0: never
   std::string shutdown_command;
   LogFormat log_format = LogFormat::kAuto;

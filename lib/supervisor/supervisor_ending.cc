@@ -227,8 +227,19 @@ void Supervisor::LeaveGroup(bool retry) {
                                      g.Describe(), client->LeaveCall()),
                          f});
   }
-  pool_.Post([this, retry, ctx, client] {
-    Status s = retry ? options_.make_compute(compute_sleeper_)->DeleteInstance(ctx) : client->Leave(ctx);
+  bool clean_up = !retry && options_.config.group_delete_when_empty;
+  pool_.Post([this, retry, ctx, client, clean_up] {
+    std::vector<std::string> deleted;
+    Status s = retry      ? options_.make_compute(compute_sleeper_)->DeleteInstance(ctx)
+               : clean_up ? client->LeaveAndCleanUp(ctx, &deleted)
+                          : client->Leave(ctx);
+    if (!deleted.empty()) {
+      asio::post(io_, [this, deleted] {
+        logger_.Info("group.deleted",
+                     fmt::format("the group was empty after this VM: deleted {}", fmt::join(deleted, ", ")),
+                     {{"deleted", deleted}});
+      });
+    }
     asio::post(io_, [this, s, retry] {
       if (machine_.phase() != Phase::kFinishing) return;  // abandoned meanwhile
       auto const& group = *options_.group;

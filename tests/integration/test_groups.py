@@ -161,6 +161,34 @@ class ManagedInstanceGroupTest(SpotvisorTestCase):
         self.assertEqual(self.compute.deleted_outside_group(), [])
         self.assertEqual(self.marker_lines(), [], "not trained again")
 
+    def test_group_delete_when_empty_the_last_vm_leaves_nothing_but_the_bucket(self):
+        # Another member still there: a plain leave.
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true"})
+        self.assertEqual(code, 0)
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(p.find("group.deleted"), [])
+        self.assertEqual(self.compute.target_size("trainers"), 1)
+        self.assertIsNotNone(self.compute.template("trainers-template"))
+        # The last one: out of the group, the group and its template deleted, then itself.
+        self.compute.add_member("trainers", "trainers-x1")
+        self.compute.remove_member("trainers-x2")
+        self.compute.set_target_size("trainers", 1)
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true", "run-id": "run2"})
+        self.assertEqual(code, 0)
+        deleted = p.wait_event("group.deleted")["deleted"]
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(deleted[0], MIG)
+        self.assertTrue(deleted[1].endswith("/global/instanceTemplates/trainers-template"), deleted)
+        self.assertTrue(deleted[2].endswith("/instances/trainers-x1"), deleted)
+        self.assertIsNone(self.compute.group("trainers"))
+        self.assertIsNone(self.compute.template("trainers-template"))
+        calls = [c for c, _ in self.compute.calls()]
+        order = [c for c in calls if c in ("instanceGroupManagers.abandonInstances", "instanceGroupManagers.delete",
+                                           "instanceTemplates.delete", "instances.delete")]
+        self.assertEqual(order, ["instanceGroupManagers.abandonInstances", "instanceGroupManagers.delete",
+                                 "instanceTemplates.delete", "instances.delete"])
+        self.assertEqual(self.off_count(), 0)
+
     def test_a_preemption_is_left_to_the_group(self):
         p = self.run_trainer(["--run-for", "60000", "--marker-file", self.path("marker")], sets={
             "compute-endpoint": self.compute.endpoint, "shutdown-command": f"echo off >> {self.path('off')}",
