@@ -23,6 +23,12 @@ daemon's own size.
   /usr/bin/python3 bench/memory.py --store gcs --syncs 100
   /usr/bin/python3 bench/memory.py --store s3 --syncs 100 --baseline /tmp/old/spotvisor
   /usr/bin/python3 bench/memory.py --store gcs --syncs 3 --scale 0.1   # the short form (seconds)
+  /usr/bin/python3 bench/memory.py --store gcs --syncs 10 --scale 0.3 --check   # what CI runs
+
+--check (for a Release build: ASan's own memory swamps the daemon's) fails (exit 1) when the
+peak after the last sync is over the documented bound, or when the idle RSS after the last
+sync is more than 8 MiB over the idle daemon's before any sync: memory that grows with every
+sync and stays, the fault of issue #31.
 """
 import argparse
 import os
@@ -112,6 +118,7 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0, help="checkpoint size factor (1: 153 + 305 MiB)")
     ap.add_argument("--parallelism", type=int, default=4, help="sync-parallelism (default 4, the default)")
     ap.add_argument("--baseline", help="another spotvisor binary to run the same way, side by side")
+    ap.add_argument("--check", action="store_true", help="exit 1 if memory is over the bound or grows (see above)")
     args = ap.parse_args()
     check_binaries(args)
     sizes = [max(1, int(153 * MiB * args.scale)), max(1, int(305 * MiB * args.scale))]
@@ -155,6 +162,19 @@ def main():
     bound = this[0][2] / 1024 + 2 * args.parallelism * 16
     print(f"documented bound: idle daemon + 2 x {args.parallelism} x 16 MiB = {bound:.0f} MiB; "
           f"peak {'within' if this[-1][1] / 1024 <= bound else 'OVER'} it")
+    if args.check:
+        problems = []
+        if this[-1][1] / 1024 > bound:
+            problems.append(f"the peak after {this[-1][0]} syncs, {this[-1][1] / 1024:.1f} MiB, is over the bound, {bound:.0f} MiB")
+        if this[-1][2] / 1024 > this[0][2] / 1024 + 8:
+            problems.append(f"idle after {this[-1][0]} syncs is {this[-1][2] / 1024:.1f} MiB, more than 8 MiB over "
+                            f"the idle daemon before any sync ({this[0][2] / 1024:.1f} MiB): memory grows with the "
+                            f"syncs and stays")
+        for p in problems:
+            print(f"memory.py --check: FAILED: {p}", file=sys.stderr)
+        if problems:
+            sys.exit(1)
+        print("memory.py --check: passed")
 
 
 if __name__ == "__main__":

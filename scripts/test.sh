@@ -92,6 +92,14 @@ fi
 trap - EXIT
 grep '^side: ' "$side_log" || true
 phase "waiting for the fuzz targets and the package build beside ctest"
+
+# Memory over syncs, on the Release build the package holds (issue #31: buffers that grew
+# with every sync and stayed); ASan's own memory would hide the daemon's.
+if [ "${SPOTVISOR_TEST_IMAGE:-1}" = 1 ] && [ -x build-pkg/daemon/spotvisor ]; then
+  /usr/bin/python3 bench/memory.py --store gcs --syncs 10 --scale 0.3 --check \
+    --spotvisor build-pkg/daemon/spotvisor --fake-trainer "$build/tests/fake_trainer"
+  phase "memory check (Release build)"
+fi
 if [ "$fuzz" = 1 ]; then
   for t in "${targets[@]}"; do
     if [ "$(cat "$fuzz_build/fuzz/$t.rc" 2>/dev/null)" != 0 ]; then
