@@ -12,6 +12,8 @@ to go idle (its RSS steady for 2 s) and prints, from /proc/PID/status:
   peak  VmHWM: the most resident memory so far
   idle  VmRSS once steady, at least 11 s after the sync (buffers are kept
         10 s for a sync that follows soon, then given back)
+  idle anon  RssAnon then: the daemon's own memory (heap, stacks); the rest
+        of idle is file-backed pages of the binary and its shared libraries
 
 and the daemon's CPU (utime + stime) per GiB synced over the whole run.
 
@@ -94,13 +96,14 @@ def run(binary, store, env, bucket, sizes, syncs, points, parallelism):
                 "--set", "sync-interval=0", "--set", "log-format=json", "--set", f"sync-parallelism={parallelism}",
                 "--", "/bin/sleep", "1d"]
         p = OnDemandDaemon(args, env)
-        rows = [(0, proc_status_kb(p.pid, "VmHWM"), steady_rss(p.pid))]
+        rows = [(0, proc_status_kb(p.pid, "VmHWM"), steady_rss(p.pid), proc_status_kb(p.pid, "RssAnon"))]
         cpu0 = cpu_s(p.pid)
         for i in range(1, syncs + 1):
             write_checkpoint(ckpt, sizes, i)
             p.sync(bound=BOUND * 6, what=f"sync {i}")
             if i in points:
-                rows.append((i, proc_status_kb(p.pid, "VmHWM"), steady_rss(p.pid, at_least=RELEASE_DELAY + 1)))
+                rows.append((i, proc_status_kb(p.pid, "VmHWM"), steady_rss(p.pid, at_least=RELEASE_DELAY + 1),
+                             proc_status_kb(p.pid, "RssAnon")))
                 print(f"  {os.path.basename(binary)} after {i} sync(s): peak {rows[-1][1] / 1024:.1f} MiB, "
                       f"idle {rows[-1][2] / 1024:.1f} MiB", file=sys.stderr, flush=True)
         cpu_per_gib = (cpu_s(p.pid) - cpu0) / (sum(sizes) * syncs / (1 << 30))  # idle waits cost ~nothing
@@ -147,14 +150,16 @@ def main():
     finally:
         if server:
             server.stop()
-    head = f"{'syncs':>6} {'peak MiB':>9} {'idle MiB':>9}"
+    # idle anon: the part of idle RSS that is the daemon's own (heap, stacks); the rest is
+    # file-backed pages of the binary and its shared libraries, which the kernel can drop.
+    head = f"{'syncs':>6} {'peak MiB':>9} {'idle MiB':>9} {'idle anon':>9}"
     if base:
         head += f"   {'baseline peak':>13} {'baseline idle':>13} {'peak ratio':>10} {'idle ratio':>10}"
     print(head)
-    for k, (i, hwm, rss) in enumerate(this):
-        line = f"{i:>6} {hwm / 1024:>9.1f} {rss / 1024:>9.1f}"
+    for k, (i, hwm, rss, anon) in enumerate(this):
+        line = f"{i:>6} {hwm / 1024:>9.1f} {rss / 1024:>9.1f} {anon / 1024:>9.1f}"
         if base:
-            _, bhwm, brss = base[k]
+            _, bhwm, brss, _ = base[k]
             line += f"   {bhwm / 1024:>13.1f} {brss / 1024:>13.1f} {hwm / bhwm:>10.2f} {rss / brss:>10.2f}"
         print(line)
     print(f"CPU of the daemon per GiB synced: {this_cpu:.2f} s" +
