@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/json_fields.h"
 #include "common/random.h"
 #include "common/strings.h"
 #include "config/keys.h"
@@ -104,7 +105,7 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
   }
   if (!o.command.empty()) {
     if (command) return InvalidArgumentError("the command is given twice (--set command= and after --)");
-    add("spotvisor-command", Json(o.command).dump());  // exec form: a JSON array
+    add("spotvisor-command", Json(o.command).dump(-1, ' ', false, Json::error_handler_t::replace));  // exec form
     command = true;
   }
   if (!command) return InvalidArgumentError("no command: give the trainer after --, e.g. -- python3 train.py");
@@ -216,7 +217,7 @@ class Api {
       auto j = Json::parse(r->body, nullptr, false);
       if (r->status == 200) return j.is_discarded() ? Json::object() : j;
       std::string message;
-      if (j.is_object() && j.contains("error") && j["error"].is_object()) message = Shown(j["error"].value("message", ""));
+      if (j.is_object() && j.contains("error") && j["error"].is_object()) message = Shown(JsonString(j["error"], "message"));
       auto server = fmt::format("HTTP {}: {}", r->status, message);
       if (r->status == 429 || r->status >= 500) {
         last = UnavailableError(fmt::format("{}: {}", what, server));
@@ -248,12 +249,12 @@ class Api {
         std::string message = "the operation failed";
         auto const& errors = op["error"]["errors"];
         if (errors.is_array() && !errors.empty() && errors[0].is_object()) {
-          message = Shown(fmt::format("{}: {}", errors[0].value("code", ""), errors[0].value("message", "")));
+          message = Shown(fmt::format("{}: {}", JsonString(errors[0], "code"), JsonString(errors[0], "message")));
         }
         return FailedPreconditionError(fmt::format("{}: {}", what, message));
       }
-      if (op.value("status", "") == "DONE") return OkStatus();
-      std::string name = op.value("name", "");
+      if (JsonString(op, "status") == "DONE") return OkStatus();
+      std::string name = JsonString(op, "name");
       if (name.empty()) return OkStatus();
       if (TheClock().Now() >= until) return DeadlineExceededError(what + ": not done after 10 minutes (operation " + Shown(name) + ")");
       auto next = Call("POST", fmt::format("{}/operations/{}/wait", scope_path, name), nullptr, what, "compute.*Operations.get");
@@ -276,7 +277,10 @@ int Launch(const LaunchOptions& o) {
   std::string endpoint = o.compute_endpoint;
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   if (o.dry_run) {
-    for (auto const& r : *requests) std::printf("%s %s%s\n%s\n\n", r.method.c_str(), endpoint.c_str(), r.path.c_str(), r.body.dump(2).c_str());
+    for (auto const& r : *requests) {
+      std::printf("%s %s%s\n%s\n\n", r.method.c_str(), endpoint.c_str(), r.path.c_str(),
+                  r.body.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+    }
     std::printf("dry run: nothing was created\n");
     return 0;
   }

@@ -577,7 +577,7 @@ int StopRun(const std::string& url, std::optional<std::chrono::milliseconds> wai
                  {"by", fmt::format("spotvisor stop by {}@{}", user ? user : "?", host)}};
   Precondition absent;
   absent.if_generation_match = 0;
-  auto w = store->UploadBytes(kStopObject, marker.dump(2) + "\n", absent, ctx);
+  auto w = store->UploadBytes(kStopObject, marker.dump(2, ' ', false, Json::error_handler_t::replace) + "\n", absent, ctx);
   if (!w.ok() && w.status().code() == StatusCode::kFailedPrecondition) {
     std::printf("a stop of %s was requested already (%s/%s is there)\n", Shown(run_id).c_str(), Shown(u).c_str(), kStopObject);
   } else if (!w.ok()) {

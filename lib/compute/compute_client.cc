@@ -7,6 +7,7 @@
 #include "storage/transfer.h"
 #include "retry/retry_loop.h"
 #include "common/strings.h"
+#include "common/json_fields.h"
 
 namespace spotvisor {
 namespace {
@@ -142,8 +143,8 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
 
   Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) override {
     auto group = Call("GET", fmt::format("{}/{}", endpoint_, GroupPath()), "", "read", "compute.instanceGroupManagers.get", ctx);
-    if (!group.ok() || !group->is_object() || group->value("targetSize", -1) != 1) return Leave(ctx);  // others stay
-    std::string tpl = group->value("instanceTemplate", "");
+    if (!group.ok() || JsonInt(*group, "targetSize", -1) != 1) return Leave(ctx);  // others stay
+    std::string tpl = JsonString(*group, "instanceTemplate");
     if (auto at = tpl.find("projects/"); at != std::string::npos) tpl = tpl.substr(at);
     // Out of the group first, without being deleted: the group would
     // otherwise take its time deleting this VM, and the template cannot go
@@ -197,13 +198,13 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
         std::string message = "the operation failed";
         auto const& errors = op["error"]["errors"];
         if (errors.is_array() && !errors.empty() && errors[0].is_object()) {
-          std::string code = errors[0].value("code", "");
-          std::string text = errors[0].value("message", "");
+          std::string code = JsonString(errors[0], "code");
+          std::string text = JsonString(errors[0], "message");
           message = output::EscapeInvalidUtf8(fmt::format("{}: {}", code, text).substr(0, 300));
         }
         return FailedPreconditionError(fmt::format("{}: {}", Subject(verb), message));
       }
-      if (op.value("status", "") == "DONE" || name.empty()) return OkStatus();
+      if (JsonString(op, "status") == "DONE" || name.empty()) return OkStatus();
       auto not_done = [&] {
         return until_done ? DeadlineExceededError(Subject(verb) + ": the operation did not finish in time") : OkStatus();
       };

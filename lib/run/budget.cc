@@ -42,9 +42,10 @@ StatusOr<std::optional<nlohmann::json>> RunBudget::ReadStopRequest(const CallCon
     if (text.status().code() == StatusCode::kNotFound) return std::optional<nlohmann::json>();
     return Status(text.status().code(), "reading " + run_id_ + "/" + kStopObject + ": " + text.status().message());
   }
+  // Anything there is a stop; only a plain `by` is kept, for the log.
   auto j = nlohmann::json::parse(*text, nullptr, false);
-  if (!j.is_object()) j = nlohmann::json::object();  // a stop all the same
-  return std::optional<nlohmann::json>(j);
+  std::string by = j.is_object() && j.contains("by") && j["by"].is_string() ? j["by"].get<std::string>() : "";
+  return std::optional<nlohmann::json>(nlohmann::json{{"by", output::EscapeInvalidUtf8(by.substr(0, 200))}});
 }
 
 StatusOr<BudgetState> RunBudget::Check(const CallContext& ctx, std::vector<std::string>* problems) {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/duration.h"
+#include "common/json_fields.h"
 #include "common/memory.h"
 #include "common/units.h"
 #include "log/logger.h"
@@ -785,7 +786,7 @@ void Supervisor::StartRestore() {
                                fmt::format("{}/{} is there (`spotvisor stop`): this run is not trained again (delete it "
                                            "to go on)",
                                            options_.config.run_id, kStopObject),
-                               {{"by", b->stop_request->value("by", "")}}});
+                               {{"by", JsonString(*b->stop_request, "by")}}});
         } else if (b->failed_marker) {
           logger_.Log(LogEvent{Severity::kError, "run.marked_failed",
                                fmt::format("{} is there: this run failed at too many boots in a row; not training "

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/json_fields.h"
 #include "output/utf8.h"
 
 namespace spotvisor {
@@ -83,7 +84,7 @@ void Supervisor::ArmStopCheck() {
           if (!stop_check_failing_) logger_.Warn("run.stop_check_failed", "cannot look for a stop request: " + s.status().message());
           stop_check_failing_ = true;
         } else if (*s) {
-          Dispatch(StopRequested{(*s)->value("by", "")});
+          Dispatch(StopRequested{JsonString(**s, "by")});
           return;
         } else {
           stop_check_failing_ = false;

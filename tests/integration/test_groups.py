@@ -86,6 +86,31 @@ class BudgetTest(SpotvisorTestCase):
         p.wait_event("run.marked_failed")
         self.assertEqual(len(self.failed_marker()["failed_boots"]), 3)
 
+    def test_a_stop_marker_of_any_shape_stops_the_run_and_is_read_safely(self):
+        # RUN_ID/STOP is outside data: a `by` that is not a string, or no JSON at all, is a stop all the same.
+        os.makedirs(self.path("bucket/run1"), exist_ok=True)
+        with open(self.path("bucket/run1/STOP"), "w") as f:
+            f.write('{"by": 5}')
+        p, code = self.boot(["--run-for", "10", "--marker-file", self.path("marker")])
+        self.assertEqual(code, 0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "stop-requested")
+        self.assertEqual(self.marker_lines(), [])
+        with open(self.path("bucket/run1/STOP"), "wb") as f:
+            f.write(b"\xff not json")
+        p = self.run_trainer(["--run-for", "60000"], sets={
+            "bucket": "file://" + self.path("bucket"), "run-id": "run1", "stop-check-interval": "1s"})
+        self.assertEqual(p.wait_exit(), 0)
+        self.assertEqual(p.wait_event("run.end")["reason"], "stop-requested")
+        os.remove(self.path("bucket/run1/STOP"))
+        p = self.run_trainer(["--run-for", "60000", "--marker-file", self.path("marker")], sets={
+            "bucket": "file://" + self.path("bucket"), "run-id": "run1", "stop-check-interval": "1s"})
+        p.wait_trainer_ready()
+        with open(self.path("bucket/run1/STOP"), "w") as f:
+            f.write('{"by": ["a", 1]}')
+        self.assertEqual(p.wait_exit(), 130)
+        self.assertEqual(p.wait_event("run.stop_requested")["by"], "")
+        self.assertEqual(p.wait_event("run.end")["reason"], "stop-requested")
+
     def test_max_failed_boots_0_never_marks_the_run(self):
         for _ in range(2):
             p, _ = self.boot(["--run-for", "10", "--exit-code", "3"], **{"max-failed-boots": "1"} if _ else {"max-failed-boots": "0"})
