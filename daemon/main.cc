@@ -230,7 +230,7 @@ const std::map<std::string, std::string> kHelp = {
      "Usage: spotvisor launch --project PROJECT (--zone ZONE | --region REGION) --run-id RUN\n"
      "                        --bucket gs://BUCKET[/PREFIX] (--image-family FAMILY [--image-project P] | --image IMAGE)\n"
      "                        [--machine-type n1-standard-4] [--accelerator type=TYPE[,count=N]]\n"
-     "                        [--boot-disk-size 100] [--service-account EMAIL] [--scopes cloud-platform]\n"
+     "                        [--boot-disk-size 100] [--dataset-disk DISK] [--service-account EMAIL] [--scopes cloud-platform]\n"
      "                        [--size 1] [--termination-action DELETE|STOP] [--set KEY=VALUE]...\n"
      "                        [--compute-endpoint URL] [--access-token-command CMD] [--dry-run]\n"
      "                        -- COMMAND ARGS...\n"
@@ -241,7 +241,9 @@ const std::map<std::string, std::string> kHelp = {
      "spotvisor-KEY for each --set, enable-guest-attributes) and a managed instance group named RUN\n"
      "of --size VMs (1; N for a gang) in the zone, or across the region. The group brings a\n"
      "preempted VM back; the VM leaves the group when the run is over (docs/unattended.md). The\n"
-     "image must have spotvisor baked in (docs/quickstart.md, step 4). Each request carries a\n"
+     "image must have spotvisor baked in (docs/quickstart.md, step 4). --dataset-disk DISK attaches\n"
+     "an existing zonal disk read-only (its device name DISK, spotvisor-dataset-disk=DISK); a regional\n"
+     "group is refused with it, as a zonal disk cannot follow a VM into another zone. Each request carries a\n"
      "requestId, so a retry never creates a thing twice; a template made for a group that could not\n"
      "be made is deleted again. --dry-run prints the API requests instead and needs no credentials.\n"
      "Credentials: --access-token-command, else Application Default Credentials (a service-account\n"
@@ -314,7 +316,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
         {"stop", {"--wait", "--access-token-command", "--storage-endpoint"}},
         {"launch", {"--project", "--zone", "--region", "--run-id", "--bucket", "--image", "--image-family",
-                    "--image-project", "--machine-type", "--accelerator", "--boot-disk-size", "--service-account",
+                    "--image-project", "--machine-type", "--accelerator", "--boot-disk-size", "--dataset-disk", "--service-account",
                     "--scopes", "--size", "--termination-action", "--set", "--compute-endpoint",
                     "--access-token-command", "--dry-run", "--"}},
         {"version", {}},
@@ -429,6 +431,7 @@ int Parse(int argc, char** argv, Args& a) {
       else if (flag == "--image-project") l.image_project = value;
       else if (flag == "--machine-type") l.machine_type = value;
       else if (flag == "--accelerator") l.accelerator = value;
+      else if (flag == "--dataset-disk") l.dataset_disk = value;
       else if (flag == "--service-account") l.service_account = value;
       else if (flag == "--scopes") l.scopes = value;
       else if (flag == "--termination-action") l.termination_action = value;

@@ -92,6 +92,20 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
   }
   if (o.image.empty() == o.image_family.empty()) return InvalidArgumentError("give one of --image or --image-family");
   if (o.boot_disk_gb < 10 || o.boot_disk_gb > 65536) return InvalidArgumentError("--boot-disk-size must be 10 to 65536 (GB)");
+  if (!o.dataset_disk.empty()) {
+    if (!GceName(o.dataset_disk, 63)) {
+      return InvalidArgumentError(fmt::format("--dataset-disk \"{}\" is not a disk name", Shown(o.dataset_disk)));
+    }
+    if (!o.region.empty()) {
+      // Issue #30 point 7: refused here, before anything is created.
+      return InvalidArgumentError(fmt::format(
+          "--dataset-disk {}: a regional group creates its VMs in any zone of {}, and a zonal disk exists in one "
+          "zone only. Use --zone (the disk's zone), or give the dataset through the bucket mount (--set "
+          "bucket-mount=/mnt/bucket) or bake it into the image",
+          o.dataset_disk, o.region));
+    }
+    if (o.sets.count("dataset-disk")) return InvalidArgumentError("the dataset disk is given twice (--dataset-disk and --set dataset-disk=)");
+  }
   Json items = Json::array();
   auto add = [&](const std::string& k, const std::string& v) { items.push_back({{"key", k}, {"value", v}}); };
   add("spotvisor-run-id", o.run_id);
@@ -109,6 +123,7 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
     command = true;
   }
   if (!command) return InvalidArgumentError("no command: give the trainer after --, e.g. -- python3 train.py");
+  if (!o.dataset_disk.empty()) add("spotvisor-dataset-disk", o.dataset_disk);
   add("enable-guest-attributes", "TRUE");
   Json scopes = Json::array();
   for (auto const& s : SplitOn(o.scopes, ',')) {
@@ -137,6 +152,16 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
       {"serviceAccounts", {{{"email", o.service_account.empty() ? "default" : o.service_account}, {"scopes", scopes}}}},
       {"metadata", {{"items", items}}},
       {"labels", {{"spotvisor-run", o.run_id}}}};
+  if (!o.dataset_disk.empty()) {
+    // An existing disk: in a template, named, not a URL; read-only, so every
+    // VM of the group (a gang) can have it at once.
+    properties["disks"].push_back({{"boot", false},
+                                   {"autoDelete", false},
+                                   {"type", "PERSISTENT"},
+                                   {"mode", "READ_ONLY"},
+                                   {"deviceName", o.dataset_disk},
+                                   {"source", o.dataset_disk}});
+  }
   if (!o.accelerator.empty()) {
     std::string type;
     int count = 1;

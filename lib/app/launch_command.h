@@ -25,6 +25,7 @@ struct LaunchOptions {
   std::string accelerator;  // type=T,count=N ("" none)
   std::string image, image_family, image_project;
   int boot_disk_gb = 100;
+  std::string dataset_disk;  // an existing zonal disk, attached read-only (zonal groups only)
   std::string service_account;  // "" the project's default
   std::string scopes = "cloud-platform";
   int size = 1;

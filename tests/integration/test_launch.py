@@ -66,6 +66,22 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(group["targetSize"], 3)
         self.assertIn("regionInstanceGroupManagers.insert", [c for c, _ in self.compute.calls()])
 
+    def test_a_dataset_disk_is_attached_read_only_and_refused_for_a_regional_group(self):
+        out = self.launch("--dataset-disk", "imagenet")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        props = self.compute.template("mnist-1")["properties"]
+        disk = [d for d in props["disks"] if not d.get("boot")]
+        self.assertEqual(disk, [{"boot": False, "autoDelete": False, "type": "PERSISTENT", "mode": "READ_ONLY",
+                                 "deviceName": "imagenet", "source": "imagenet"}])
+        meta = {i["key"]: i["value"] for i in props["metadata"]["items"]}
+        self.assertEqual(meta["spotvisor-dataset-disk"], "imagenet")
+        # Issue #30 point 7: a zonal disk cannot follow a regional group's VMs into other zones.
+        refused = self.launch("--dataset-disk", "imagenet", where=("--region", "us-central1"), run_id="mnist-2")
+        self.assertEqual(refused.returncode, 64)
+        self.assertIn("a zonal disk exists in one zone only", refused.stderr)
+        self.assertIn("bucket-mount", refused.stderr)
+        self.assertIsNone(self.compute.template("mnist-2"))
+
     def test_the_dry_run_prints_the_requests_and_creates_nothing(self):
         out = self.launch("--dry-run")
         self.assertEqual(out.returncode, 0, out.stderr)
