@@ -1444,7 +1444,12 @@ void StateMachine::Teardown(SteadyTime now, std::vector<Action>& out, bool then_
   AfterTeardown(now, out);
 }
 
-bool StateMachine::OnExitVetoed() const { return signalled_ || preempted_; }
+bool StateMachine::OnExitVetoed() const {
+  // The VM goes anyway; leaving the group costs one call and spares a boot
+  // that would only find DONE.
+  if (options_.leave_group_when_done && reason_ == EndReason::kCompleted) return false;
+  return signalled_ || preempted_;
+}
 
 void StateMachine::SkipOnExit() {
   Log(Severity::kInfo, "shutdown.skipped",

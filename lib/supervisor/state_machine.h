@@ -213,6 +213,9 @@ struct StateMachineOptions {
   std::chrono::milliseconds on_exit_timeout{60'000};
   int poweroff_attempts = 3;
   bool run_on_exit = false;  // on-exit = poweroff
+  // In a group (issue #30): a completed run leaves it even after a
+  // preemption or a stop signal (on-exit is otherwise skipped then).
+  bool leave_group_when_done = false;
   bool sync = false;         // a bucket is configured: restore first, sync last
   std::chrono::milliseconds restore_timeout{30 * 60'000};
   std::chrono::milliseconds final_sync_timeout{10 * 60'000};

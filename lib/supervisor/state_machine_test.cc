@@ -832,6 +832,31 @@ TEST_CASE("preempted while the final sync of a completed run runs: no on-exit") 
   CHECK(h.Last("run.end").fields["reason"] == "completed");
 }
 
+TEST_CASE("in a group, a completed run preempted during its final sync still leaves the group") {
+  auto o = SyncOptions();
+  o.leave_group_when_done = true;
+  Harness h(o);
+  h.On(StartEvent{});
+  h.On(RestoreDone{});
+  h.On(TrainerSpawned{100});
+  h.On(TrainerExited{100, 0, 0});
+  CHECK(Only<StartFinalSync>(h.On(LeftoversGone{})).write_done);
+  CHECK(h.On(PreemptionNotice{}).empty());
+  h.On(StopSignal{SIGTERM});  // the power button
+  Only<RunOnExit>(h.On(SyncDone{true, true}));  // DONE is in: leave, or the group brings a VM back for nothing
+  CHECK(h.Last("run.end").fields["reason"] == "completed");
+  // A run the preemption cut short is left to the group, as before.
+  Harness cut(o);
+  cut.On(StartEvent{});
+  cut.On(RestoreDone{});
+  cut.On(TrainerSpawned{100});
+  cut.On(PreemptionNotice{});
+  cut.On(TrainerExited{100, 0, SIGINT});
+  Only<StartFinalSync>(cut.On(LeftoversGone{}));
+  Only<ExitProcess>(cut.On(SyncDone{true, true}));
+  CHECK(cut.Last("run.end").fields["reason"] == "preempted");
+}
+
 TEST_CASE("preemption-stop-lead, then the power button: run.end still says preempted") {
   auto o = SyncOptions();
   o.preemption_stop_lead = 20s;

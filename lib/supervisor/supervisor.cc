@@ -175,7 +175,8 @@ SetId SetOf(const Generation& g, int size) {
   return s;
 }
 
-StateMachineOptions MachineOptions(const Config& c) {
+StateMachineOptions MachineOptions(const SupervisorOptions& so) {
+  auto const& c = so.config;
   StateMachineOptions o;
   o.stop_timeout = c.stop_timeout;
   o.on_exit_timeout = c.on_exit_timeout;
@@ -212,6 +213,10 @@ StateMachineOptions MachineOptions(const Config& c) {
   // a member that restored at boot, while rank 0's final sync of the last
   // generation was still going, resumed from an older commit than the others.
   o.gang_restore_on_forming = !c.gang.empty();
+  // In a group, a run that completed (DONE is in the bucket) leaves it even
+  // when a preemption or a stop came during its final sync: otherwise the
+  // group brings back a VM only to find DONE (issue #30).
+  o.leave_group_when_done = so.group.has_value() && static_cast<bool>(so.make_group);
   return o;
 }
 
@@ -223,7 +228,7 @@ Supervisor::Supervisor(asio::io_context& io, const Clock& clock, Logger& logger,
       clock_(clock),
       logger_(logger),
       options_(std::move(options)),
-      machine_(MachineOptions(options_.config), [this](LogEvent e) { OnMachineEvent(std::move(e)); }),
+      machine_(MachineOptions(options_), [this](LogEvent e) { OnMachineEvent(std::move(e)); }),
       signals_(signals),
       deadline_timer_(io),
       sync_timer_(io),
