@@ -38,14 +38,22 @@ Strict where the service is:
     request(s) still in the group." (ResourceInUse) / "... while there are scaling activities in
     progress for that group." (ScalingActivityInProgress), "Valid requests must contain either
     LaunchTemplate, LaunchConfigurationName, InstanceId or MixedInstancesPolicy parameter.", "At
-    least one Availability Zone or VPC Subnet is required.".
+    least one Availability Zone or VPC Subnet is required.", and, with link_ec2(), 400
+    InvalidQueryParameter "Incompatible launch template: You cannot use a launch template that is
+    set to request Spot Instances (InstanceMarketOptions) when you configure an Auto Scaling group
+    with a mixed instances policy. Add a different launch template to the group and try again."
+    (as the service answered kops in 2019: that code, not ValidationError).
   Chosen here, not verified against the service: the below-min SetDesiredCapacity message (the
   above-max one mirrored), the messages for a bad LifecycleTransition, HeartbeatTimeout,
   DefaultResult or LifecycleActionResult, for an unknown hook on DeleteLifecycleHook ("No
   Lifecycle Hook found with name H for group G"; only the prefix is known), for an Availability
   Zone outside the region, for terminating an instance that is already terminating
-  (ScalingActivityInProgress), MissingAction, and that ValidationError is also the code for an
-  unparsable number or boolean.
+  (ScalingActivityInProgress), MissingAction, that ValidationError is also the code for an
+  unparsable number or boolean, and, with link_ec2(), the texts for a launch template EC2 does
+  not have: the service's "You must use a valid fully-formed launch template. " (seen on many
+  launch-template refusals) followed by EC2's own confirmed not-found text, "The specified
+  launch template, with template name N, does not exist." / "..., with template ID ID, does not
+  exist." / "Could not find the specified version V for the launch template with ID ID.".
 
 Actions: CreateAutoScalingGroup (LaunchTemplate or MixedInstancesPolicy -- LaunchTemplate
 specification, Overrides' InstanceType/WeightedCapacity, InstancesDistribution --; MinSize,
@@ -99,6 +107,16 @@ how many the group is short of its desired capacity):
     clock() alone, so advance() never makes a signed request stale.
 Zones: VPCZoneIdentifier subnets take their zone from subnets={subnet: zone} (an unknown subnet
 is then "The subnet ID 'S' does not exist"); without that map every subnet is in REGION + "a".
+Launch templates: without link_ec2() any template name or id is taken as it is (a name alone
+gets a made-up id, an id alone no name). link_ec2(fake_ec2_server) checks them in that fake
+EC2, after deny and the group's existence (AlreadyExists) are judged: LaunchTemplate,
+MixedInstancesPolicy.LaunchTemplate.LaunchTemplateSpecification and each override's
+LaunchTemplateSpecification must name a template it has (by name or id) with the Version asked
+($Default when none; $Latest; a number) -- else 400 ValidationError --, and a mixed instances
+policy's templates must not request Spot (InstanceMarketOptions in that version) -- else 400
+InvalidQueryParameter --; the group then answers the template's real id and name both. A plain
+LaunchTemplate that requests Spot is accepted, as the service does. The AMI, instance types and
+the rest of the template are not checked (the service checks them here).
 
 Not implemented (InvalidAction like any other action): launch configurations
 (LaunchConfigurationName is "Launch configuration name not found"), CreateAutoScalingGroup from
@@ -107,9 +125,10 @@ scheduled actions, DescribeScalingActivities, notifications (nothing is sent to
 NotificationTargetARN), tags actions, instance protection actions, load balancers and target
 groups, health checks (every instance is Healthy), AZ rebalancing, capacity rebalancing itself
 (CapacityRebalance is stored and echoed), InstanceRequirements in Overrides (ignored), Context,
-the launch template's name when only its id is given (the real service looks it up in EC2),
-presigned URLs, HTTPS, throttling, the exact order in which the service runs its checks (here:
-signature, action, required parameters and their values, deny, existence).
+the launch template's name when only its id is given unless link_ec2() (the real service
+looks it up in EC2), the launch templates' contents beyond the Spot check, presigned URLs,
+HTTPS, throttling, the exact order in which the service runs its checks (here: signature,
+action, required parameters and their values, deny, existence).
 
   srv = FakeAutoScalingServer(region="us-east-1", credentials={"AKID": "secret"}).start()
   srv.endpoint                               # "http://127.0.0.1:PORT" (--endpoint-url, endpoint_url)
@@ -117,6 +136,12 @@ signature, action, required parameters and their values, deny, existence).
   srv.add_instance("g", "i-0aaa", "us-east-1a", state="InService"); srv.instances("g"); srv.desired("g")
   srv.begin_termination("i-0aaa") -> token or None; srv.lifecycle_completed("i-0aaa") -> "CONTINUE"|...|None
   srv.calls() -> [(action, params)]; srv.deny("TerminateInstanceInAutoScalingGroup"); srv.wait_for(pred, 5)
+  srv.link_ec2(fake_ec2_server)              # launch templates checked in fake_ec2.py's FakeEc2Server
+  srv.group("g") -> {name, arn, min, max, desired, availability_zones, subnets, vpc_zone_identifier,
+                     capacity_rebalance, launch_template, mixed_instances_policy (as answered: LaunchTemplate
+                     {LaunchTemplateSpecification, Overrides}, InstancesDistribution), new_instances_protected,
+                     tags {k: v}, tag_list [{Key, Value, PropagateAtLaunch}], hooks [LifecycleHook dicts, as
+                     DescribeLifecycleHooks answers them, LifecycleHookSpecificationList's included], instances}
   srv.stop()
 
 As a process:
@@ -165,6 +190,10 @@ MAX_HOOKS = 50
 LOG_LIMIT = 10_000
 TICK_S = 0.05
 HOOK_NAME = re.compile(r"[A-Za-z0-9\-_/]+\Z")
+SPOT_IN_MIXED = ("Incompatible launch template: You cannot use a launch template that is set to request Spot "
+                 "Instances (InstanceMarketOptions) when you configure an Auto Scaling group with a mixed instances "
+                 "policy. Add a different launch template to the group and try again.")
+FULLY_FORMED = "You must use a valid fully-formed launch template. "
 SIG_MISMATCH = ("The request signature we calculated does not match the signature you provided. Check your "
                 "AWS Secret Access Key and signing method. Consult the service documentation for details.")
 
@@ -354,6 +383,7 @@ class FakeAutoScalingServer:
         self._rounds = 0                 # numbers transitions, so actions of one go together
         self._gone = {}                  # instance id -> its last group name
         self._imds = {}                  # instance id -> a FakeImdsServer
+        self._ec2 = None                 # a FakeEc2Server, through link_ec2()
         self._denied = set()
         self._log = []
         self._stopping = threading.Event()
@@ -540,6 +570,16 @@ class FakeAutoScalingServer:
             elif instance_id in self._gone:
                 imds.set_target_lifecycle_state("Terminated")
 
+    def link_ec2(self, ec2):
+        """Check launch templates against ec2 (a fake_ec2.FakeEc2Server; None unlinks) from now
+        on: CreateAutoScalingGroup and UpdateAutoScalingGroup (and create_group()) then refuse a
+        LaunchTemplate, a MixedInstancesPolicy's LaunchTemplateSpecification or an override's
+        template that ec2 does not have (by name or id) or whose version it lacks, and a
+        MixedInstancesPolicy whose template requests Spot (InstanceMarketOptions); the group
+        remembers the template's id and name both, whichever the request gave."""
+        with self._lock:
+            self._ec2 = ec2
+
     def group(self, name):
         """A snapshot of a group as a dict, or None."""
         with self._lock:
@@ -552,6 +592,7 @@ class FakeAutoScalingServer:
                     "capacity_rebalance": g.capacity_rebalance, "launch_template": g.launch_template,
                     "mixed_instances_policy": g.mixed, "new_instances_protected": g.new_protected,
                     "tags": {t["Key"]: t["Value"] for t in g.tags},
+                    "tag_list": [dict(t) for t in g.tags], "subnets": list(g.subnets),
                     "hooks": [dict(h) for h in g.hooks.values()], "instances": self._instances_locked(g)}
 
     def groups(self):
@@ -954,6 +995,42 @@ class FakeAutoScalingServer:
                           "InstancesDistribution": dist}
         return None, None
 
+    def _linked(self, lt, mip):
+        """The launch source with its templates checked against the linked fake EC2 (as is
+        without link_ec2())."""
+        if self._ec2 is None:
+            return lt, mip
+        if lt is not None:
+            lt = self._linked_spec(lt, mixed=False)
+        if mip is not None:
+            mip = json.loads(json.dumps(mip))
+            mlt = mip["LaunchTemplate"]
+            mlt["LaunchTemplateSpecification"] = self._linked_spec(mlt["LaunchTemplateSpecification"], mixed=True)
+            for o in mlt["Overrides"]:
+                if o.get("LaunchTemplateSpecification"):
+                    o["LaunchTemplateSpecification"] = self._linked_spec(o["LaunchTemplateSpecification"], mixed=True)
+        return lt, mip
+
+    def _linked_spec(self, spec, mixed):
+        name = spec.get("LaunchTemplateName")
+        if name:  # _template_spec made the id up
+            t, which = self._ec2.launch_template(name), f"with template name {name}"
+        else:
+            t, which = self._ec2.launch_template(template_id=spec["LaunchTemplateId"]), \
+                f"with template ID {spec['LaunchTemplateId']}"
+        if t is None:
+            raise _invalid(f"{FULLY_FORMED}The specified launch template, {which}, does not exist.")
+        version = spec["Version"]
+        number = t["latest_version"] if version == "$Latest" else t["default_version"] if version == "$Default" \
+            else int(version) if version.isdigit() else None
+        found = next((v for v in t["versions"] if v["number"] == number), None)
+        if found is None:
+            raise _invalid(f"{FULLY_FORMED}Could not find the specified version {version} for the launch template "
+                           f"with ID {t['id']}.")
+        if mixed and "InstanceMarketOptions" in found["data"]:
+            raise _Err("InvalidQueryParameter", SPOT_IN_MIXED)
+        return dict(spec, LaunchTemplateId=t["id"], LaunchTemplateName=t["name"])
+
     @staticmethod
     def _check_sizes(mn, mx, desired):
         if mx < mn:
@@ -1015,6 +1092,7 @@ class FakeAutoScalingServer:
         if name in self._groups:
             raise _Err("AlreadyExists", f"AutoScalingGroup by this name already exists - A group with the name {name} "
                                         f"already exists")
+        lt, mip = self._linked(lt, mip)
         g = _Group(name, self._arn(uuid.uuid4(), name), self.now())
         hooks = {}
         for spec in _struct_list(p, "LifecycleHookSpecificationList"):
@@ -1119,6 +1197,7 @@ class FakeAutoScalingServer:
         g = self._groups.get(name)
         self._authorize("UpdateAutoScalingGroup", group=g, group_name=name)
         g = self._existing(name)
+        lt, mip = self._linked(lt, mip)
         new_min = g.min if mn is None else mn
         new_max = g.max if mx is None else mx
         if desired is None:  # as the API reference says: the desired capacity follows new bounds

@@ -2,7 +2,8 @@
 """fake_autoscaling.py against clients nobody here wrote: Debian's python3-boto3 `autoscaling`
 client and Debian's AWS CLI v2 (their requests verify, their parsers read the answers and the
 errors), plus raw requests signed by botocore's own SigV4Auth for what those clients would not
-send; and the lifecycle the fake runs (hooks, heartbeats, timeouts, replacements, the IMDS link).
+send; and the lifecycle the fake runs (hooks, heartbeats, timeouts, replacements, the IMDS link),
+and the launch templates link_ec2() checks in fake_ec2.py (made there with boto3's EC2 client).
 
 Run from the repo root with Debian's Python: /usr/bin/python3 tests/fakes/test_fake_autoscaling.py -v
 No sleeps as synchronisation: lifecycle time moves with advance(), and waits are bounded."""
@@ -25,6 +26,7 @@ import xml.etree.ElementTree as ET
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from fake_autoscaling import NS, FakeAutoScalingServer  # noqa: E402
+from fake_ec2 import FakeEc2Server  # noqa: E402
 from fake_imds import FakeImdsServer  # noqa: E402
 
 try:
@@ -606,6 +608,133 @@ class LifecycleTest(_Base):
         self.assertEqual([g["AutoScalingGroupName"] for g in got["AutoScalingGroups"]], ["spot"])
         pages = c.get_paginator("describe_auto_scaling_groups").paginate(PaginationConfig={"PageSize": 1})
         self.assertEqual([g["AutoScalingGroupName"] for p in pages for g in p["AutoScalingGroups"]], ["other", "spot"])
+
+
+@unittest.skipIf(boto3 is None, "python3-boto3 is not installed (apt-get install python3-boto3)")
+class LaunchTemplateLinkTest(_Base):
+    """link_ec2(): groups name launch templates that fake_ec2.py has, made there with boto3's EC2 client."""
+    FULLY_FORMED = "You must use a valid fully-formed launch template. "
+    SPOT_IN_MIXED = ("Incompatible launch template: You cannot use a launch template that is set to request Spot "
+                     "Instances (InstanceMarketOptions) when you configure an Auto Scaling group with a mixed "
+                     "instances policy. Add a different launch template to the group and try again.")
+
+    def setUp(self):
+        super().setUp()
+        self.ec2_srv = FakeEc2Server(region=REGION, credentials={AKID: SECRET}).start()
+        self.addCleanup(self.ec2_srv.stop)
+        self.srv.link_ec2(self.ec2_srv)
+        self.ec2 = boto3.client("ec2", endpoint_url=self.ec2_srv.endpoint, region_name=REGION, aws_access_key_id=AKID,
+                                aws_secret_access_key=SECRET, config=Config(retries={"total_max_attempts": 1}))
+        data = {"ImageId": "ami-0123456789abcdef0", "InstanceType": "g5.xlarge",
+                "UserData": "IyEvYmluL2Jhc2gKc3BvdHZpc29yIHJ1bgo=", "IamInstanceProfile": {"Name": "spotvisor-node"},
+                "MetadataOptions": {"HttpTokens": "required", "InstanceMetadataTags": "enabled"}}
+        self.lt = self.ec2.create_launch_template(LaunchTemplateName="spotvisor-trainer",
+                                                  LaunchTemplateData=data)["LaunchTemplate"]
+        self.spot_lt = self.ec2.create_launch_template(
+            LaunchTemplateName="spotvisor-spot",
+            LaunchTemplateData=dict(data, InstanceMarketOptions={"MarketType": "spot"}))["LaunchTemplate"]
+
+    def mixed(self, name="spot", spec=None, **kw):
+        args = dict(
+            AutoScalingGroupName=name, MinSize=0, MaxSize=4, DesiredCapacity=1,
+            VPCZoneIdentifier="subnet-0a,subnet-0b", CapacityRebalance=True,
+            Tags=[{"Key": "spotvisor-run", "Value": "r1", "PropagateAtLaunch": True},
+                  {"Key": "team", "Value": "ml", "PropagateAtLaunch": False}],
+            MixedInstancesPolicy={
+                "LaunchTemplate": {"LaunchTemplateSpecification": spec or {"LaunchTemplateName": "spotvisor-trainer",
+                                                                           "Version": "$Latest"},
+                                   "Overrides": [{"InstanceType": "g5.xlarge", "WeightedCapacity": "1"},
+                                                 {"InstanceType": "g6.xlarge"}]},
+                "InstancesDistribution": {"OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0,
+                                          "SpotAllocationStrategy": "price-capacity-optimized"}},
+            LifecycleHookSpecificationList=[{"LifecycleHookName": "drain", "LifecycleTransition": TERMINATE_HOOK,
+                                             "HeartbeatTimeout": 120, "DefaultResult": "CONTINUE"}])
+        args.update(kw)
+        return self.client().create_auto_scaling_group(**args)
+
+    def test_a_mixed_instances_group_on_a_template_ec2_has(self):
+        self.mixed()
+        lt_id = self.lt["LaunchTemplateId"]
+        g = self.srv.group("spot")
+        self.assertEqual(g["mixed_instances_policy"]["LaunchTemplate"]["LaunchTemplateSpecification"],
+                         {"LaunchTemplateId": lt_id, "LaunchTemplateName": "spotvisor-trainer", "Version": "$Latest"})
+        self.assertEqual([o["InstanceType"] for o in g["mixed_instances_policy"]["LaunchTemplate"]["Overrides"]],
+                         ["g5.xlarge", "g6.xlarge"])
+        dist = g["mixed_instances_policy"]["InstancesDistribution"]
+        self.assertEqual((dist["OnDemandPercentageAboveBaseCapacity"], dist["SpotAllocationStrategy"]),
+                         (0, "price-capacity-optimized"))
+        self.assertEqual(g["tag_list"], [{"Key": "spotvisor-run", "Value": "r1", "PropagateAtLaunch": True},
+                                         {"Key": "team", "Value": "ml", "PropagateAtLaunch": False}])
+        self.assertEqual(g["tags"], {"spotvisor-run": "r1", "team": "ml"})
+        self.assertEqual((g["vpc_zone_identifier"], g["subnets"], g["capacity_rebalance"]),
+                         ("subnet-0a,subnet-0b", ["subnet-0a", "subnet-0b"], True))
+        self.assertEqual([(h["LifecycleHookName"], h["LifecycleTransition"], h["HeartbeatTimeout"], h["DefaultResult"])
+                          for h in g["hooks"]], [("drain", TERMINATE_HOOK, 120, "CONTINUE")])
+        # What boto3 sent for it, as the fake recorded it.
+        params = self.srv.calls()[-1][1]
+        for key, value in (("MixedInstancesPolicy.LaunchTemplate.LaunchTemplateSpecification.LaunchTemplateName",
+                            "spotvisor-trainer"),
+                           ("MixedInstancesPolicy.LaunchTemplate.Overrides.member.2.InstanceType", "g6.xlarge"),
+                           ("MixedInstancesPolicy.InstancesDistribution.SpotAllocationStrategy",
+                            "price-capacity-optimized"),
+                           ("Tags.member.2.PropagateAtLaunch", "false"),
+                           ("LifecycleHookSpecificationList.member.1.HeartbeatTimeout", "120"),
+                           ("CapacityRebalance", "true")):
+            self.assertEqual(params.get(key), value, key)
+        # By id: the group answers the name too, as the service (which asks EC2) does.
+        self.mixed("by-id", {"LaunchTemplateId": lt_id})
+        described = self.client().describe_auto_scaling_groups(
+            Filters=[{"Name": "tag:spotvisor-run", "Values": ["r1"]}])["AutoScalingGroups"]
+        self.assertEqual([d["AutoScalingGroupName"] for d in described], ["by-id", "spot"])
+        self.assertEqual(described[0]["MixedInstancesPolicy"]["LaunchTemplate"]["LaunchTemplateSpecification"],
+                         {"LaunchTemplateId": lt_id, "LaunchTemplateName": "spotvisor-trainer", "Version": "$Default"})
+        self.assertEqual(described[1]["Tags"][0], {"ResourceId": "spot", "ResourceType": "auto-scaling-group",
+                                                   "Key": "spotvisor-run", "Value": "r1", "PropagateAtLaunch": True})
+        # A plain LaunchTemplate may request Spot; only a mixed instances policy may not.
+        self.client().create_auto_scaling_group(AutoScalingGroupName="plain", MinSize=0, MaxSize=1,
+                                                AvailabilityZones=[REGION + "a"],
+                                                LaunchTemplate={"LaunchTemplateName": "spotvisor-spot"})
+        self.assertEqual(self.srv.group("plain")["launch_template"]["LaunchTemplateId"],
+                         self.spot_lt["LaunchTemplateId"])
+        self.client().delete_auto_scaling_group(AutoScalingGroupName="plain")
+        self.assertIsNone(self.srv.group("plain"))
+
+    def test_templates_ec2_lacks_or_that_request_spot_are_refused(self):
+        err = self.error(lambda: self.mixed(spec={"LaunchTemplateName": "no-such-template"}))["Error"]
+        self.assertEqual((err["Code"], err["Message"]), (
+            "ValidationError",
+            self.FULLY_FORMED + "The specified launch template, with template name no-such-template, does not exist."))
+        err = self.error(lambda: self.mixed(spec={"LaunchTemplateId": "lt-0123456789abcdef0"}))["Error"]
+        self.assertEqual(err["Message"], self.FULLY_FORMED + "The specified launch template, with template ID "
+                                                             "lt-0123456789abcdef0, does not exist.")
+        err = self.error(lambda: self.mixed(spec={"LaunchTemplateName": "spotvisor-trainer", "Version": "7"}))["Error"]
+        self.assertEqual(err["Message"], self.FULLY_FORMED + f"Could not find the specified version 7 for the launch "
+                                                             f"template with ID {self.lt['LaunchTemplateId']}.")
+        err = self.error(lambda: self.mixed(spec={"LaunchTemplateName": "spotvisor-spot"}))
+        self.assertEqual((err["Error"]["Code"], err["Error"]["Message"], err["ResponseMetadata"]["HTTPStatusCode"]),
+                         ("InvalidQueryParameter", self.SPOT_IN_MIXED, 400))
+        self.assertEqual(self.srv.groups(), [])
+        # A later version that requests Spot is refused once the group asks for it.
+        self.ec2_srv.add_launch_template_version("spotvisor-trainer", {"InstanceMarketOptions": {"MarketType": "spot"}})
+        self.mixed(spec={"LaunchTemplateName": "spotvisor-trainer", "Version": "1"})
+        self.assertEqual(self.code(lambda: self.mixed("latest", {"LaunchTemplateName": "spotvisor-trainer",
+                                                                 "Version": "$Latest"})), "InvalidQueryParameter")
+        # UpdateAutoScalingGroup is checked the same way, and a refused update changes nothing.
+        err = self.error(lambda: self.client().update_auto_scaling_group(
+            AutoScalingGroupName="spot", MaxSize=9, MixedInstancesPolicy={
+                "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": "gone-template"}}}))
+        self.assertIn("with template name gone-template, does not exist.", err["Error"]["Message"])
+        self.assertEqual(self.srv.group("spot")["max"], 4)
+        self.ec2.delete_launch_template(LaunchTemplateName="spotvisor-spot")
+        self.assertEqual(self.code(lambda: self.client().create_auto_scaling_group(
+            AutoScalingGroupName="plain", MinSize=0, MaxSize=1, AvailabilityZones=[REGION + "a"],
+            LaunchTemplate={"LaunchTemplateName": "spotvisor-spot"})), "ValidationError")
+        with self.assertRaises(ValueError):  # the control API follows the link too
+            self.srv.create_group("ctl", launch_template_name="spotvisor-spot")
+        # Unlinked, names and ids are taken as they come, as before.
+        self.srv.link_ec2(None)
+        self.mixed("unlinked", {"LaunchTemplateName": "no-such-template"})
+        self.srv.create_group("ctl", launch_template_name="spotvisor-spot")
 
 
 @unittest.skipIf(boto3 is None, "python3-boto3 is not installed (apt-get install python3-boto3)")
