@@ -62,9 +62,9 @@ const char* const kUsage =
     "                                        (on a laptop) download a run's newest checkpoint\n"
     "  spotvisor gc (--keep N | --older-than DURATION) [--delete] gs|s3://BUCKET/PREFIX\n"
     "                                        (on a laptop) remove old runs (a dry run by default)\n"
-    "  spotvisor launch --project P --zone Z|--region R --run-id RUN --bucket gs://BUCKET/PREFIX\n"
-    "                   --image-family F [--dry-run] [OPTIONS] -- COMMAND ARGS...\n"
-    "                                        (on a laptop) an unattended run on GCE: a template and a MIG\n"
+    "  spotvisor launch --run-id RUN --bucket gs|s3://BUCKET/PREFIX [--dry-run] [OPTIONS] -- COMMAND ARGS...\n"
+    "                                        (on a laptop) an unattended run: a template and a MIG (GCE)\n"
+    "                                        or a launch template and an Auto Scaling group (EC2)\n"
     "  spotvisor stop [--wait DURATION] gs|s3://BUCKET/PREFIX/RUN_ID\n"
     "                                        (on a laptop) end a run gracefully, wherever it runs\n"
     "  spotvisor version\n"
@@ -161,24 +161,30 @@ const std::map<std::string, std::string> kHelp = {
      "Exit status: 0 marked, 1 the marker could not be written, 64 usage.\n"},
     {"runs",
      "Usage: spotvisor runs [--json] [--access-token-command CMD] [--storage-endpoint URL]\n"
-     "                      gs://BUCKET[/PREFIX] | s3://BUCKET[/PREFIX]\n"
+     "                      [--no-group-state] [--compute-endpoint URL] gs://BUCKET[/PREFIX] | s3://BUCKET[/PREFIX]\n"
      "\n"
      "Lists the runs under the prefix (the value of `bucket` the VMs used): run id, state (done,\n"
-     "running while a VM holds a live claim on it, or how it ended: preempted, failed, stopped,\n"
-     "max-runtime, ...; unknown for runs written before status.json existed), exit code, newest\n"
-     "commit and its time, the size of that commit's files, the instance that committed it, and\n"
-     "how many boots it had (--json: each boot, how it ended, its VM seconds and the work it left\n"
-     "uncommitted; the size of all the run's objects). With no runs at the prefix, it says where\n"
-     "runs are one level down. Only reads the bucket. file:///PATH works too.\n"
+     "running while a VM holds a live claim on it, run-failed, or how it ended: preempted, failed,\n"
+     "stopped, max-runtime, ...; unknown for runs written before status.json existed), exit code,\n"
+     "newest commit and its time, the size of that commit's files, the instance that committed it;\n"
+     "from the run's boot records: BOOTS, PREEMPTED, VM_HOURS, LOST (what preempted boots left\n"
+     "uncommitted) and GROUP (the newest boot's MIG or Auto Scaling group). GROUP_NOW asks that\n"
+     "group how it is now: \"M of T\" (M members, target size or desired capacity T), \"gone\" (it no\n"
+     "longer exists), \"?\" (it could not be asked; why is said on stderr). --no-group-state: the\n"
+     "bucket only. --json: each boot, how it ended, its VM seconds and the work it left\n"
+     "uncommitted; boot_summary.group_state; the size of all the run's objects. With no runs at the\n"
+     "prefix, it says where runs are one level down. Never writes. file:///PATH works too.\n"
      "Credentials: --access-token-command (e.g. \"gcloud auth print-access-token\"), else\n"
      "Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, else gcloud's\n"
      "application_default_credentials.json: a user login or a service-account key), else the metadata\n"
      "server on a VM. --storage-endpoint URL: a private Cloud Storage endpoint (the config key\n"
      "storage-endpoint); STORAGE_EMULATOR_HOST wins over it and turns authentication off.\n"
+     "--compute-endpoint URL: the Compute API's (a MIG's state needs compute.instanceGroupManagers.get).\n"
      "s3://: credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), else\n"
      "an EC2 instance role; the region from AWS_REGION or AWS_DEFAULT_REGION (else us-east-1; a\n"
      "bucket elsewhere is followed); AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL for an S3-compatible\n"
-     "store (path-style). Tokens and keys are never printed.\n"
+     "store (path-style); an Auto Scaling group's state needs autoscaling:DescribeAutoScalingGroups\n"
+     "(AWS_ENDPOINT_URL_AUTO_SCALING). Tokens and keys are never printed.\n"
      "Exit status: 0 listed, 1 the bucket could not be read, 64 usage.\n"},
     {"pull",
      "Usage: spotvisor pull [--sequence N] [--access-token-command CMD] [--storage-endpoint URL]\n"
@@ -230,26 +236,53 @@ const std::map<std::string, std::string> kHelp = {
      "Usage: spotvisor launch --project PROJECT (--zone ZONE | --region REGION) --run-id RUN\n"
      "                        --bucket gs://BUCKET[/PREFIX] (--image-family FAMILY [--image-project P] | --image IMAGE)\n"
      "                        [--machine-type n1-standard-4] [--accelerator type=TYPE[,count=N]]\n"
-     "                        [--boot-disk-size 100] [--dataset-disk DISK] [--service-account EMAIL] [--scopes cloud-platform]\n"
+     "                        [--boot-disk-size 100] [--dataset-disk DISK | --dataset-snapshot S | --dataset-image I]\n"
+     "                        [--service-account EMAIL] [--scopes cloud-platform]\n"
      "                        [--size 1] [--termination-action DELETE|STOP] [--set KEY=VALUE]...\n"
      "                        [--compute-endpoint URL] [--access-token-command CMD] [--dry-run]\n"
      "                        -- COMMAND ARGS...\n"
+     "       spotvisor launch --region REGION --run-id RUN --bucket s3://BUCKET[/PREFIX] --image AMI_ID\n"
+     "                        --instance-types TYPE[,TYPE...] --subnets SUBNET[,SUBNET...]\n"
+     "                        [--instance-profile NAME|ARN] [--security-groups SG[,SG...]] [--key-name KEY]\n"
+     "                        [--allocation-strategy capacity-optimized] [--terminating-hook-timeout 5m]\n"
+     "                        [--size 1] [--set KEY=VALUE]... [--dry-run] -- COMMAND ARGS...\n"
      "\n"
-     "Creates what an unattended run needs on GCE and nothing more: an instance template named RUN\n"
-     "(Spot, the termination action, the machine, GPUs, the image, the service account and its\n"
-     "scopes, and the metadata spotvisor-run-id, spotvisor-bucket, spotvisor-command (exec form),\n"
-     "spotvisor-KEY for each --set, enable-guest-attributes) and a managed instance group named RUN\n"
-     "of --size VMs (1; N for a gang) in the zone, or across the region. The group brings a\n"
-     "preempted VM back; the VM leaves the group when the run is over (docs/unattended.md). The\n"
-     "image must have spotvisor baked in (docs/quickstart.md, step 4). --dataset-disk DISK attaches\n"
-     "an existing zonal disk read-only (its device name DISK, spotvisor-dataset-disk=DISK); a regional\n"
-     "group is refused with it, as a zonal disk cannot follow a VM into another zone. Each request carries a\n"
-     "requestId, so a retry never creates a thing twice; a template made for a group that could not\n"
-     "be made is deleted again. --dry-run prints the API requests instead and needs no credentials.\n"
-     "Credentials: --access-token-command, else Application Default Credentials (a service-account\n"
-     "key is asked for the cloud-platform scope), else the metadata server; they need\n"
-     "roles/compute.instanceAdmin.v1 and roles/iam.serviceAccountUser on the VMs' service account.\n"
-     "EC2 (a launch template and an Auto Scaling group) is not there yet: docs/quickstart-aws.md.\n"
+     "Creates what an unattended run needs and nothing more; the bucket's scheme picks the cloud.\n"
+     "\n"
+     "GCE (gs://): an instance template named RUN (Spot, the termination action, the machine, GPUs,\n"
+     "the image, the service account and its scopes, and the metadata spotvisor-run-id,\n"
+     "spotvisor-bucket, spotvisor-command (exec form), spotvisor-KEY for each --set,\n"
+     "enable-guest-attributes) and a managed instance group named RUN of --size VMs (1; N for a gang)\n"
+     "in the zone, or across the region. --dataset-disk DISK attaches an existing zonal disk read-only\n"
+     "(its device name DISK, spotvisor-dataset-disk=DISK); a regional group is refused with it, as a\n"
+     "zonal disk cannot follow a VM into another zone. --dataset-snapshot / --dataset-image give each\n"
+     "VM a disk of its own made in its zone (device name dataset, deleted with the VM), which works in\n"
+     "a regional group too. Each request carries a requestId, so a retry\n"
+     "never creates a thing twice. Credentials: --access-token-command, else Application Default\n"
+     "Credentials (a service-account key is asked for the cloud-platform scope), else the metadata\n"
+     "server; they need roles/compute.instanceAdmin.v1 and roles/iam.serviceAccountUser on the VMs'\n"
+     "service account.\n"
+     "\n"
+     "EC2 (s3://): a launch template named RUN (the AMI, the instance profile, security groups,\n"
+     "instance-metadata tags on, shutdown terminates, the user data's [spotvisor] section with\n"
+     "run-id, bucket, group, command and each --set) and an Auto Scaling group named RUN: minimum 0,\n"
+     "desired and maximum --size, Spot only across --instance-types and --subnets (one per\n"
+     "Availability Zone) with --allocation-strategy, capacity rebalancing off, and a terminating\n"
+     "lifecycle hook (spotvisor-final-sync, CONTINUE after --terminating-hook-timeout; 0: none) that\n"
+     "spotvisor completes after its final sync. The template's create carries a ClientToken; a group\n"
+     "that a retried create finds already made is taken when its spotvisor-launch tag is this launch's.\n"
+     "Credentials:\n"
+     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN), else the instance role; endpoints\n"
+     "from AWS_ENDPOINT_URL_EC2, AWS_ENDPOINT_URL_AUTO_SCALING, AWS_ENDPOINT_URL. They need\n"
+     "ec2:CreateLaunchTemplate, ec2:DeleteLaunchTemplate, ec2:CreateTags, ec2:RunInstances,\n"
+     "autoscaling:CreateAutoScalingGroup, autoscaling:DescribeAutoScalingGroups,\n"
+     "autoscaling:CreateOrUpdateTags, autoscaling:PutLifecycleHook and iam:PassRole on the instance\n"
+     "profile's role.\n"
+     "\n"
+     "On both the group brings a preempted VM back, and the VM leaves the group when the run is over\n"
+     "(docs/unattended.md); the image must have spotvisor baked in. A template made for a group that\n"
+     "could not be made is deleted again. A flag of the other cloud is a usage error. --dry-run\n"
+     "prints the API requests instead and needs no credentials.\n"
      "Exit status: 0 launched (or printed), 1 an API call failed, 64 usage.\n"},
     {"version", "Usage: spotvisor version\n\nPrints spotvisor's version.\n"},
 };
@@ -311,14 +344,16 @@ int Parse(int argc, char** argv, Args& a) {
         {"release", {"--config", "--state-dir"}},
         {"checkpoint", {"--done", "--dir"}},
         {"gang-host", {}},
-        {"runs", {"--json", "--access-token-command", "--storage-endpoint"}},
+        {"runs", {"--json", "--access-token-command", "--storage-endpoint", "--compute-endpoint", "--no-group-state"}},
         {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
         {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
         {"stop", {"--wait", "--access-token-command", "--storage-endpoint"}},
         {"launch", {"--project", "--zone", "--region", "--run-id", "--bucket", "--image", "--image-family",
-                    "--image-project", "--machine-type", "--accelerator", "--boot-disk-size", "--dataset-disk", "--service-account",
+                    "--image-project", "--machine-type", "--accelerator", "--boot-disk-size", "--dataset-disk",
+                    "--dataset-snapshot", "--dataset-image", "--service-account",
                     "--scopes", "--size", "--termination-action", "--set", "--compute-endpoint",
-                    "--access-token-command", "--dry-run", "--"}},
+                    "--access-token-command", "--dry-run", "--instance-types", "--subnets", "--instance-profile",
+                    "--security-groups", "--key-name", "--allocation-strategy", "--terminating-hook-timeout", "--"}},
         {"version", {}},
     };
     auto const& v = kFlags.at(a.command);
@@ -348,6 +383,7 @@ int Parse(int argc, char** argv, Args& a) {
       }
       return CommandUsage(a.command, "unknown option \"" + spotvisor::output::EscapeInvalidUtf8(arg) + "\"");
     }
+    if (a.command == "launch") a.launch.flags_given.push_back(flag);
     if (flag == "--dry-run") {
       a.launch.dry_run = true;
       continue;
@@ -359,6 +395,10 @@ int Parse(int argc, char** argv, Args& a) {
     }
     if (flag == "--json") {
       a.json = true;
+      continue;
+    }
+    if (flag == "--no-group-state") {
+      a.remote.group_state = false;
       continue;
     }
     if (flag == "--template") {
@@ -391,6 +431,8 @@ int Parse(int argc, char** argv, Args& a) {
       a.remote.access_token_command = value;
     } else if (flag == "--storage-endpoint") {
       a.remote.storage_endpoint = value;
+    } else if (flag == "--compute-endpoint" && a.command == "runs") {
+      a.remote.compute_endpoint = value;
     } else if (flag == "--keep") {
       auto n = spotvisor::ParseUint64(value);
       if (!n || *n > 1'000'000) return Usage("--keep: \"" + value + "\" is not a number of runs (0, 1, ...)");
@@ -432,11 +474,27 @@ int Parse(int argc, char** argv, Args& a) {
       else if (flag == "--machine-type") l.machine_type = value;
       else if (flag == "--accelerator") l.accelerator = value;
       else if (flag == "--dataset-disk") l.dataset_disk = value;
+      else if (flag == "--dataset-snapshot") l.dataset_snapshot = value;
+      else if (flag == "--dataset-image") l.dataset_image = value;
       else if (flag == "--service-account") l.service_account = value;
       else if (flag == "--scopes") l.scopes = value;
       else if (flag == "--termination-action") l.termination_action = value;
       else if (flag == "--compute-endpoint") l.compute_endpoint = value;
-      else if (flag == "--boot-disk-size") {
+      else if (flag == "--instance-profile") l.instance_profile = value;
+      else if (flag == "--key-name") l.key_name = value;
+      else if (flag == "--allocation-strategy") l.allocation_strategy = value;
+      else if (flag == "--instance-types" || flag == "--subnets" || flag == "--security-groups") {
+        auto& list = flag == "--instance-types" ? l.instance_types : flag == "--subnets" ? l.subnets : l.security_groups;
+        for (auto const& part : spotvisor::SplitOn(value, ',')) {
+          auto item = std::string(spotvisor::Trim(part));
+          if (item.empty()) return CommandUsage("launch", flag + ": an empty item in \"" + value + "\"");
+          list.push_back(item);
+        }
+      } else if (flag == "--terminating-hook-timeout") {
+        auto d = spotvisor::ParseDuration(value);
+        if (!d.ok() || *d > std::chrono::hours(2)) return CommandUsage("launch", "--terminating-hook-timeout: a duration (5m), at most 2h; 0 for no hook");
+        l.terminating_hook_timeout = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(*d).count());
+      } else if (flag == "--boot-disk-size") {
         if (!number(l.boot_disk_gb, 65536)) return CommandUsage("launch", "--boot-disk-size: a number of GB");
       } else if (flag == "--size") {
         if (!number(l.size, 1000)) return CommandUsage("launch", "--size: a number of VMs");

@@ -909,7 +909,8 @@ int RunEngine(const EngineOptions& options) {
       mo.missing_disk_hint = fmt::format(
           "This VM is in {}, which may create it in any zone of {} (this one: {}), and a zonal persistent disk exists "
           "in one zone only: give the dataset as a regional persistent disk (attached read-only in both its zones, and "
-          "the group limited to them with --zones), through the bucket mount (bucket-mount), or baked into the image",
+          "the group limited to them with --zones), as a disk made for each VM from a snapshot (spotvisor launch "
+          "--dataset-snapshot), through the bucket mount (bucket-mount), or baked into the image",
           group->Describe(), group->location, metadata.zone);
     }
     mo.dataset_dir = config.dataset_dir;

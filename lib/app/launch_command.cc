@@ -1,5 +1,8 @@
 #include "app/launch_command.h"
 
+#include "app/laptop_credentials.h"
+#include "app/launch_common.h"
+
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -9,11 +12,8 @@
 
 #include "common/clock.h"
 #include "common/json_fields.h"
-#include "common/random.h"
 #include "common/strings.h"
-#include "config/keys.h"
 #include "http/http_client.h"
-#include "metadata/metadata_client.h"
 #include "output/utf8.h"
 #include "storage/token_provider.h"
 #include "storage/user_credentials.h"
@@ -22,29 +22,13 @@ namespace spotvisor {
 namespace {
 
 using Json = nlohmann::json;
-constexpr int kExitUsage = 64;
-constexpr char kCloudPlatform[] = "https://www.googleapis.com/auth/cloud-platform";
+using launch::Shown;
+using launch::UsageError;
+constexpr char kMadeDatasetDisk[] = "dataset";  // its device name: /dev/disk/by-id/google-dataset
 
 const SystemClock& TheClock() {
   static const SystemClock clock;
   return clock;
-}
-
-std::string Shown(const std::string& s) { return output::EscapeInvalidUtf8(s.substr(0, 300)); }
-
-// A version-4 UUID: the API's requestId, one per request (kept across its
-// retries, so that a lost answer does not create the resource twice).
-std::string RandomUuid() {
-  std::uint64_t a = RandomSeed(), b = RandomSeed();
-  a = (a & 0xffffffffffff0fffull) | 0x0000000000004000ull;
-  b = (b & 0x3fffffffffffffffull) | 0x8000000000000000ull;
-  return fmt::format("{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xffff, b >> 48,
-                     b & 0xffffffffffffull);
-}
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "spotvisor launch: %s\n", message.c_str());
-  return kExitUsage;
 }
 
 // A GCE resource name: [a-z]([-a-z0-9]*[a-z0-9])?
@@ -84,7 +68,8 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
         Shown(o.run_id)));
   }
   if (!StartsWith(o.bucket, "gs://") || o.bucket.size() <= 5) {
-    return InvalidArgumentError("--bucket must be gs://BUCKET[/PREFIX]: where the run's checkpoints and record live");
+    return InvalidArgumentError(
+        "--bucket must be gs://BUCKET[/PREFIX] (GCE) or s3://BUCKET[/PREFIX] (EC2): where the run's checkpoints and record live");
   }
   if (o.size < 1 || o.size > 1000) return InvalidArgumentError("--size must be 1 to 1000 (a gang of N: N)");
   if (o.termination_action != "DELETE" && o.termination_action != "STOP") {
@@ -100,30 +85,41 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
       // Issue #30 point 7: refused here, before anything is created.
       return InvalidArgumentError(fmt::format(
           "--dataset-disk {}: a regional group creates its VMs in any zone of {}, and a zonal disk exists in one "
-          "zone only. Use --zone (the disk's zone), or give the dataset through the bucket mount (--set "
-          "bucket-mount=/mnt/bucket) or bake it into the image",
+          "zone only. Use --zone (the disk's zone); or --dataset-snapshot / --dataset-image, which give each VM a "
+          "disk of its own made in its zone; or give the dataset through the bucket mount (--set "
+          "bucket-mount=/mnt/bucket), or bake it into the image",
           o.dataset_disk, o.region));
     }
-    if (o.sets.count("dataset-disk")) return InvalidArgumentError("the dataset disk is given twice (--dataset-disk and --set dataset-disk=)");
+  }
+  // A disk made for each VM, in its zone, from a snapshot or an image: what
+  // works in a regional group (issue #30 point 7).
+  std::string made_from;
+  if (!o.dataset_snapshot.empty() || !o.dataset_image.empty()) {
+    if (!o.dataset_snapshot.empty() + !o.dataset_image.empty() + !o.dataset_disk.empty() > 1) {
+      return InvalidArgumentError("give one of --dataset-disk, --dataset-snapshot and --dataset-image");
+    }
+    bool snapshot = !o.dataset_snapshot.empty();
+    const std::string& source = snapshot ? o.dataset_snapshot : o.dataset_image;
+    if (GceName(source, 63)) {
+      made_from = fmt::format("projects/{}/global/{}/{}", o.project, snapshot ? "snapshots" : "images", source);
+    } else if ((StartsWith(source, "projects/") || StartsWith(source, "global/")) &&
+               source.find_first_of(" \"\\?#") == std::string::npos && source.size() <= 300) {
+      made_from = source;
+    } else {
+      return InvalidArgumentError(fmt::format("--dataset-{} \"{}\": a name in the project, or projects/P/global/{}/NAME",
+                                              snapshot ? "snapshot" : "image", Shown(source), snapshot ? "snapshots" : "images"));
+    }
+  }
+  if ((!o.dataset_disk.empty() || !made_from.empty()) && o.sets.count("dataset-disk")) {
+    return InvalidArgumentError("the dataset disk is given twice (--dataset-disk/--dataset-snapshot/--dataset-image and --set dataset-disk=)");
   }
   Json items = Json::array();
   auto add = [&](const std::string& k, const std::string& v) { items.push_back({{"key", k}, {"value", v}}); };
-  add("spotvisor-run-id", o.run_id);
-  add("spotvisor-bucket", o.bucket);
-  bool command = false;
-  for (auto const& [key, value] : o.sets) {
-    if (FindKey(key) == nullptr) return InvalidArgumentError(fmt::format("--set {}: not a spotvisor key (`spotvisor config --template` lists them)", Shown(key)));
-    if (key == "run-id" || key == "bucket") return InvalidArgumentError(fmt::format("--set {}: give it as --{}", key, key));
-    command = command || key == "command";
-    add("spotvisor-" + key, value);
-  }
-  if (!o.command.empty()) {
-    if (command) return InvalidArgumentError("the command is given twice (--set command= and after --)");
-    add("spotvisor-command", Json(o.command).dump(-1, ' ', false, Json::error_handler_t::replace));  // exec form
-    command = true;
-  }
-  if (!command) return InvalidArgumentError("no command: give the trainer after --, e.g. -- python3 train.py");
+  auto keys = launch::RunKeys(o);
+  if (!keys.ok()) return keys.status();
+  for (auto const& [key, value] : *keys) add("spotvisor-" + key, value);
   if (!o.dataset_disk.empty()) add("spotvisor-dataset-disk", o.dataset_disk);
+  if (!made_from.empty()) add("spotvisor-dataset-disk", kMadeDatasetDisk);
   add("enable-guest-attributes", "TRUE");
   Json scopes = Json::array();
   for (auto const& s : SplitOn(o.scopes, ',')) {
@@ -162,6 +158,17 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
                                    {"deviceName", o.dataset_disk},
                                    {"source", o.dataset_disk}});
   }
+  if (!made_from.empty()) {
+    // Made with the VM in whatever zone it gets, deleted with it: each VM
+    // of a gang has its own. spotvisor mounts it read-only all the same.
+    properties["disks"].push_back(
+        {{"boot", false},
+         {"autoDelete", true},
+         {"type", "PERSISTENT"},
+         {"mode", "READ_WRITE"},
+         {"deviceName", kMadeDatasetDisk},
+         {"initializeParams", {{!o.dataset_snapshot.empty() ? "sourceSnapshot" : "sourceImage", made_from}}}});
+  }
   if (!o.accelerator.empty()) {
     std::string type;
     int count = 1;
@@ -196,17 +203,8 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
 }
 
 StatusOr<std::unique_ptr<TokenProvider>> Credentials(const LaunchOptions& o) {
-  if (!o.access_token_command.empty()) return MakeCommandTokenProvider(o.access_token_command, TheClock());
-  if (auto adc = FindAdcFile(); !adc.empty()) return MakeAdcTokenProvider(adc, TheClock(), MakeCurlHttpClient, kCloudPlatform);
-  auto endpoint = MetadataEndpointFromEnv();
-  endpoint.connect_timeout = std::chrono::milliseconds(1000);
-  auto client = MakeMetadataClient(endpoint, MakeCurlHttpClient(), MakeCurlHttpClient);
-  if (client->Get("instance/service-accounts/default/email").ok()) {
-    return std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(std::move(client), TheClock()));
-  }
-  return PermissionDeniedError(
-      "no credentials: run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or pass "
-      "--access-token-command \"gcloud auth print-access-token\"");
+  // A service-account key is asked for what a template and a group need.
+  return LaptopGoogleCredentials(o.access_token_command, kCloudPlatformScope);
 }
 
 class Api {
@@ -219,7 +217,7 @@ class Api {
   StatusOr<Json> Call(const std::string& method, const std::string& path, const Json* body, const std::string& what,
                       const std::string& permission) {
     std::string url = endpoint_ + path;
-    if (method != "GET") url += (url.find('?') == std::string::npos ? "?" : "&") + ("requestId=" + RandomUuid());
+    if (method != "GET") url += (url.find('?') == std::string::npos ? "?" : "&") + ("requestId=" + launch::RandomUuid());
     Status last;
     for (int attempt = 0; attempt < 3; ++attempt) {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::seconds(1 << attempt));  // a CLI, not the daemon's loop
@@ -297,6 +295,13 @@ class Api {
 }  // namespace
 
 int Launch(const LaunchOptions& o) {
+  if (StartsWith(o.bucket, "s3://")) return LaunchEc2(o);
+  if (auto flag = launch::OtherCloudFlag(o, {"--instance-types", "--subnets", "--instance-profile", "--security-groups",
+                                              "--key-name", "--allocation-strategy", "--terminating-hook-timeout"},
+                                         "GCE");
+      !flag.empty()) {
+    return UsageError(flag);
+  }
   auto requests = BuildRequests(o);
   if (!requests.ok()) return UsageError(requests.status().message());
   std::string endpoint = o.compute_endpoint;

@@ -1,5 +1,8 @@
 #include "app/runs_command.h"
 
+#include "app/group_state.h"
+#include "app/laptop_credentials.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +21,6 @@
 #include "common/duration.h"
 #include "common/strings.h"
 #include "log/logger.h"
-#include "metadata/metadata_client.h"
 #include "output/utf8.h"
 #include "run/boots.h"
 #include "run/budget.h"
@@ -54,21 +56,9 @@ const SystemClock& TheClock() {
 
 std::string Shown(const std::string& s) { return output::EscapeInvalidUtf8(s); }
 
-// How this command authenticates, in the order Google's tools use.
 StatusOr<std::unique_ptr<TokenProvider>> Credentials(const RemoteOptions& o, bool auth) {
   if (!auth) return MakeNoAuthTokenProvider();
-  if (!o.access_token_command.empty()) return MakeCommandTokenProvider(o.access_token_command, TheClock());
-  if (auto adc = FindAdcFile(); !adc.empty()) return MakeAdcTokenProvider(adc, TheClock());
-  // On a VM (or with GCE_METADATA_HOST): its service account.
-  auto endpoint = MetadataEndpointFromEnv();
-  endpoint.connect_timeout = std::chrono::milliseconds(1000);
-  auto client = MakeMetadataClient(endpoint, MakeCurlHttpClient(), MakeCurlHttpClient);
-  if (client->Get("instance/service-accounts/default/email").ok()) {
-    return std::unique_ptr<TokenProvider>(std::make_unique<MetadataTokenProvider>(std::move(client), TheClock()));
-  }
-  return PermissionDeniedError(
-      "no credentials: run `gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, or pass "
-      "--access-token-command \"gcloud auth print-access-token\"");
+  return LaptopGoogleCredentials(o.access_token_command);
 }
 
 // A read-only view of URL (gs://BUCKET/PREFIX, s3://BUCKET/PREFIX or file:///PATH), rooted at its prefix.
@@ -173,7 +163,7 @@ struct History {
   int preempted = 0, failed = 0, open = 0;
   double vm_seconds = 0;
   std::uint64_t lost_bytes = 0;
-  std::string group;  // the newest boot's
+  std::string group, group_zone;  // the newest boot's
 };
 History Summarize(const RunBoots& boots) {
   History h;
@@ -183,7 +173,10 @@ History Summarize(const RunBoots& boots) {
     h.open += !b.ended_at.has_value();
     if (b.vm_seconds) h.vm_seconds += *b.vm_seconds;
     if (b.reason == "preempted" && b.uncommitted_bytes) h.lost_bytes += *b.uncommitted_bytes;
-    if (!b.group.empty()) h.group = b.group;
+    if (!b.group.empty()) {
+      h.group = b.group;
+      h.group_zone = b.zone;
+    }
   }
   return h;
 }
@@ -291,6 +284,30 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
     return 1;
   }
   auto& rows = *collected;
+  // Each run's group, asked once; a failure is said once, after the table.
+  std::map<std::string, GroupLookup> groups;
+  std::vector<std::string> group_errors;
+  if (o.group_state) {
+    for (auto const& r : rows) {
+      auto h = Summarize(r.boots);
+      if (h.group.empty() || groups.count(h.group)) continue;
+      auto g = LookUpGroup(h.group, h.group_zone, o);
+      if (!g.error.empty() && std::find(group_errors.begin(), group_errors.end(), g.error) == group_errors.end()) {
+        group_errors.push_back(g.error);
+      }
+      groups[h.group] = std::move(g);
+    }
+  }
+  auto group_json = [&](const std::string& group) -> Json {
+    auto it = groups.find(group);
+    if (it == groups.end()) return nullptr;
+    if (!it->second.state) return {{"error", it->second.error}};
+    if (it->second.state->gone) return {{"gone", true}};
+    return {{"target_size", it->second.state->target}, {"instances", it->second.state->instances}};
+  };
+  auto say_group_errors = [&] {
+    for (auto const& e : group_errors) std::fprintf(stderr, "spotvisor runs: GROUP_NOW ?: %s\n", Shown(e).c_str());
+  };
   if (json) {
     Json out = Json::array();
     for (auto const& r : rows) {
@@ -318,10 +335,12 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
       j["boots"] = boots;
       j["boot_summary"] = {{"boots", r.boots.boots.size()}, {"preempted", h.preempted}, {"failed", h.failed},
                            {"not_ended", h.open}, {"vm_seconds", h.vm_seconds}, {"lost_bytes", h.lost_bytes},
-                           {"group", h.group.empty() ? Json(nullptr) : Json(h.group)}};
+                           {"group", h.group.empty() ? Json(nullptr) : Json(h.group)},
+                           {"group_state", group_json(h.group)}};
       out.push_back(std::move(j));
     }
     std::puts(out.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
+    say_group_errors();
     return 0;
   }
   if (rows.empty()) {
@@ -334,7 +353,7 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
   }
   std::vector<std::vector<std::string>> table = {
       {"RUN_ID", "STATE", "EXIT", "COMMIT", "COMMITTED_AT", "CHECKPOINT", "INSTANCE", "BOOTS", "PREEMPTED", "VM_HOURS",
-       "LOST", "GROUP"}};
+       "LOST", "GROUP", "GROUP_NOW"}};
   for (auto const& r : rows) {
     auto h = Summarize(r.boots);
     bool any = !r.boots.boots.empty();
@@ -344,7 +363,8 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
                      r.sequence > 0 ? FormatBytes(r.checkpoint_bytes) : "-", r.instance.empty() ? "-" : Shown(r.instance),
                      any ? std::to_string(r.boots.boots.size()) : "-", any ? std::to_string(h.preempted) : "-",
                      any ? fmt::format("{:.2f}", h.vm_seconds / 3600.0) : "-",
-                     any && h.preempted > 0 ? FormatBytes(h.lost_bytes) : "-", h.group.empty() ? "-" : Shown(GroupName(h.group))});
+                     any && h.preempted > 0 ? FormatBytes(h.lost_bytes) : "-", h.group.empty() ? "-" : Shown(GroupName(h.group)),
+                     groups.count(h.group) ? FormatGroupState(groups[h.group]) : "-"});
   }
   std::vector<std::size_t> width(table[0].size(), 0);
   for (auto const& row : table) {
@@ -361,6 +381,7 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
   for (auto const& r : rows) {
     if (!r.problem.empty()) std::fprintf(stderr, "spotvisor runs: %s: %s\n", Shown(r.run_id).c_str(), Shown(r.problem).c_str());
   }
+  say_group_errors();
   return 0;
 }
 

@@ -16,6 +16,9 @@ namespace spotvisor {
 struct RemoteOptions {
   std::string access_token_command;
   std::string storage_endpoint = "https://storage.googleapis.com";
+  // `runs` asks the groups of the runs how they are now (group_state.h).
+  std::string compute_endpoint = "https://compute.googleapis.com/compute/v1";
+  bool group_state = true;
   int parallelism = 8;
 };
 

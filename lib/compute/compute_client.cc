@@ -92,9 +92,10 @@ class ComputeClientImpl : public ComputeClient {
         case 401:
         case 403:
           return PermissionDeniedError(fmt::format(
-              "{}: permission denied (HTTP {}: {}). The VM's service account needs {} (e.g. roles/compute.instanceAdmin.v1) "
-              "on {} and the VM an access scope that allows it (--scopes=compute-rw or cloud-platform)",
-              what, r->status, server, permission, Scope()));
+              "{}: permission denied (HTTP {}: {}). {} {} (e.g. roles/compute.{}) on {}{}", what, r->status, server,
+              i_.name.empty() ? "The credentials need" : "The VM's service account needs", permission,
+              i_.name.empty() ? "viewer" : "instanceAdmin.v1", Scope(),
+              i_.name.empty() ? "" : " and the VM an access scope that allows it (--scopes=compute-rw or cloud-platform)"));
         case 404: return NotFoundError(fmt::format("{}: not found (HTTP 404: {})", what, server));
         default:
           if (r->status == 429 || r->status >= 500) return UnavailableError(fmt::format("{}: HTTP {}: {}", what, r->status, server));
@@ -141,6 +142,24 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
     return Follow(*op, GroupScope(), "leave", false, ctx);
   }
 
+  StatusOr<GroupState> State(const CallContext& ctx) override {
+    GroupState state;
+    auto group = Call("GET", fmt::format("{}/{}", endpoint_, GroupPath()), "", "read", "compute.instanceGroupManagers.get", ctx);
+    if (group.status().code() == StatusCode::kNotFound) {
+      state.gone = true;
+      return state;
+    }
+    if (!group.ok()) return group.status();
+    state.target = static_cast<int>(JsonInt(*group, "targetSize", 0));
+    auto members = Call("POST", fmt::format("{}/{}/listManagedInstances", endpoint_, GroupPath()), "", "list the VMs of",
+                        "compute.instanceGroupManagers.get", ctx);
+    if (!members.ok()) return members.status();
+    if (members->is_object() && members->contains("managedInstances") && (*members)["managedInstances"].is_array()) {
+      state.instances = static_cast<int>((*members)["managedInstances"].size());
+    }
+    return state;
+  }
+
   Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) override {
     auto group = Call("GET", fmt::format("{}/{}", endpoint_, GroupPath()), "", "read", "compute.instanceGroupManagers.get", ctx);
     if (!group.ok() || JsonInt(*group, "targetSize", -1) != 1) return Leave(ctx);  // others stay
@@ -179,6 +198,7 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
                        UrlEncode(g_.name));
   }
   std::string Subject(const std::string& verb) const override {
+    if (i_.name.empty()) return fmt::format("{} {}", verb, g_.Describe());  // a laptop's
     return fmt::format("{} {} with this VM ({})", verb, g_.Describe(), i_.name);
   }
   std::string Scope() const override { return "the group " + g_.Path(); }

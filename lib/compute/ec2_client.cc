@@ -101,6 +101,25 @@ class AsgClient final : public QueryClient, public GroupClient {
     }
     return first;
   }
+  StatusOr<GroupState> State(const CallContext& ctx) override {
+    std::string xml;
+    auto s = Call("DescribeAutoScalingGroups", "AutoScalingGroupNames.member.1=" + AwsUriEncode(g_.name, false),
+                  fmt::format("describe {}", g_.Describe()), fmt::format("groups in {}", g_.location), ctx, &xml);
+    if (!s.ok()) return s;
+    GroupState state;
+    // Unknown names are left out of the answer: no group, no member.
+    auto name = XmlText(xml, "AutoScalingGroupName");
+    if (!name || *name != g_.name) {
+      state.gone = true;
+      return state;
+    }
+    auto desired = ParseUint64(XmlText(xml, "DesiredCapacity").value_or(""));
+    if (!desired || *desired > 100000) return InvalidArgumentError(fmt::format("describe {}: no DesiredCapacity in the answer", g_.Describe()));
+    state.target = static_cast<int>(*desired);
+    for (auto at = xml.find("<InstanceId>"); at != std::string::npos; at = xml.find("<InstanceId>", at + 1)) ++state.instances;
+    return state;
+  }
+
   Status Leave(const CallContext& ctx) override {
     auto s = Call("TerminateInstanceInAutoScalingGroup",
                   fmt::format("InstanceId={}&ShouldDecrementDesiredCapacity=true", AwsUriEncode(i_.instance_id, false)),

@@ -45,10 +45,21 @@ StatusOr<InstanceGroup> ParseMigUrl(std::string_view text);
 // An Auto Scaling group's name: 1-255 characters, no control characters.
 StatusOr<InstanceGroup> ParseAsgName(std::string_view text, std::string region);
 
+// A group as it is now (`spotvisor runs` on a laptop).
+struct GroupState {
+  bool gone = false;  // the group no longer exists
+  int target = 0;     // GCE: the target size; EC2: the desired capacity
+  int instances = 0;  // its members now, in any state
+};
+
 // How a VM leaves its group, or is replaced by it.
 class GroupClient {
  public:
   virtual ~GroupClient() = default;
+  // The group now: GCE instanceGroupManagers.get and .listManagedInstances;
+  // EC2 DescribeAutoScalingGroups. A group that is not there is `gone`, not
+  // an error. Needs no VM: the client may be made with an empty one.
+  virtual StatusOr<GroupState> State(const CallContext& ctx) = 0;
   // Deletes this VM through its group and lowers the group's target size /
   // desired capacity by one: nothing comes back in its place.
   // GCE instanceGroupManagers.deleteInstances (skipInstancesOnValidationError);

@@ -305,9 +305,38 @@ class ManagedInstanceGroupTest(SpotvisorTestCase):
         # From the laptop: the run is failed, its boots and its group are in the history.
         import subprocess
         from harness import SPOTVISOR
-        out = subprocess.run([SPOTVISOR, "runs", "file://" + self.path("bucket")], capture_output=True, text=True)
+        runs = [SPOTVISOR, "runs", "--compute-endpoint", self.compute.endpoint, "file://" + self.path("bucket")]
+        laptop = dict(os.environ, HOME="/nonexistent", GOOGLE_APPLICATION_CREDENTIALS="", GCE_METADATA_HOST="127.0.0.1:9")
+        out = subprocess.run(runs[:2] + ["--access-token-command", "echo fake-token-laptop"] + runs[2:],
+                             capture_output=True, text=True, env=laptop)
         self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertRegex(out.stdout.splitlines()[1], r"^run1\s+run-failed\s.*\s4\s+0\s+0\.\d\d\s+-\s+trainers \(us-central1-a\)$")
+        # GROUP_NOW: the group asked how it is now: one member (x2), target size 1.
+        self.assertRegex(out.stdout.splitlines()[1],
+                         r"^run1\s+run-failed\s.*\s4\s+0\s+0\.\d\d\s+-\s+trainers \(us-central1-a\)\s+1 of 1$")
+        self.assertIn("GROUP_NOW", out.stdout.splitlines()[0])
+        out = subprocess.run(runs[:2] + ["--json", "--access-token-command", "echo fake-token-laptop"] + runs[2:],
+                             capture_output=True, text=True, env=laptop)
+        self.assertEqual(json.loads(out.stdout)[0]["boot_summary"]["group_state"], {"target_size": 1, "instances": 1})
+        # Refused credentials: a "?" and the reason, once; the listing itself is whole.
+        out = subprocess.run(runs[:2] + ["--access-token-command", "echo wrong-token"] + runs[2:],
+                             capture_output=True, text=True, env=laptop)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout.splitlines()[1], r"trainers \(us-central1-a\)\s+\?$")
+        self.assertEqual(out.stderr.count("GROUP_NOW ?"), 1, out.stderr)
+        self.assertIn("compute.instanceGroupManagers.get", out.stderr)
+        # --no-group-state asks nothing; a deleted group is "gone".
+        calls = len(self.compute.calls())
+        out = subprocess.run(runs[:2] + ["--no-group-state"] + runs[2:], capture_output=True, text=True, env=laptop)
+        self.assertRegex(out.stdout.splitlines()[1], r"trainers \(us-central1-a\)\s+-$")
+        self.assertEqual(len(self.compute.calls()), calls)
+        import urllib.request  # deleted through the API, as `gcloud ... delete` does
+        urllib.request.urlopen(urllib.request.Request(
+            f"{self.compute.endpoint}/projects/my-project/zones/{ZONE}/instanceGroupManagers/trainers", method="DELETE",
+            headers={"Authorization": "Bearer fake-token-laptop"}), timeout=10).read()
+        self.assertTrue(self.compute.wait_for(lambda: self.compute.group("trainers") is None, 10))
+        out = subprocess.run(runs[:2] + ["--access-token-command", "echo fake-token-laptop"] + runs[2:],
+                             capture_output=True, text=True, env=laptop)
+        self.assertRegex(out.stdout.splitlines()[1], r"trainers \(us-central1-a\)\s+gone$")
 
     def test_a_refused_leave_names_the_permission_and_powers_off(self):
         self.compute.deny("compute.instanceGroupManagers.update")
@@ -420,6 +449,23 @@ class AutoScalingGroupTest(SpotvisorTestCase):
         self.assertEqual([i["id"] for i in self.asg.instances("trainers")], ["i-0other"])
         self.assertEqual([c for c in self.ec2.calls() if c[0] != "CreateTags"], [], "no TerminateInstances: it would be replaced")
         self.assertFalse(os.path.exists(self.path("off")))
+        # From a laptop with its own keys: the group now, one instance of a desired capacity of 1.
+        import subprocess
+        from harness import SPOTVISOR
+        self.asg.add_credentials("AKIALAPTOP", "laptop-secret")
+        laptop = dict(os.environ, AWS_ACCESS_KEY_ID="AKIALAPTOP", AWS_SECRET_ACCESS_KEY="laptop-secret",
+                      AWS_ENDPOINT_URL_AUTO_SCALING=self.asg.endpoint, AWS_EC2_METADATA_DISABLED="true")
+        laptop.pop("AWS_SESSION_TOKEN", None)
+        out = subprocess.run([SPOTVISOR, "runs", "--json", "file://" + self.path("bucket")], capture_output=True,
+                             text=True, env=laptop, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        summary = json.loads(out.stdout)[0]["boot_summary"]
+        self.assertEqual((summary["group"], summary["group_state"]), ("trainers", {"target_size": 1, "instances": 1}))
+        self.asg.deny("DescribeAutoScalingGroups")
+        out = subprocess.run([SPOTVISOR, "runs", "file://" + self.path("bucket")], capture_output=True, text=True,
+                             env=laptop, timeout=60)
+        self.assertRegex(out.stdout.splitlines()[1], r"trainers\s+\?$")
+        self.assertIn("autoscaling:DescribeAutoScalingGroups", out.stderr)
 
     def test_a_failed_boot_is_terminated_for_a_replacement_and_a_refused_leave_powers_off(self):
         p, code = self.boot(["--run-for", "10", "--exit-code", "3"])

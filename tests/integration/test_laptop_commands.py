@@ -59,12 +59,12 @@ class LaptopCommandsTest(SpotvisorTestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         lines = out.stdout.splitlines()
         self.assertRegex(lines[0], r"^RUN_ID\s+STATE\s+EXIT\s+COMMIT\s+COMMITTED_AT\s+CHECKPOINT\s+INSTANCE\s+BOOTS"
-                                   r"\s+PREEMPTED\s+VM_HOURS\s+LOST\s+GROUP$")
+                                   r"\s+PREEMPTED\s+VM_HOURS\s+LOST\s+GROUP\s+GROUP_NOW$")
         # Seconds, not nanoseconds (issue #32); CHECKPOINT: the commit's files, not spotvisor's own objects.
         # The history's columns (issue #30): boots, preemptions, VM hours, work lost to preemptions, group.
         self.assertRegex(lines[1], r"^run1\s+done\s+0\s+#\d+\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+\S+ \S+\s+spotvisor-test"
-                                   r"\s+1\s+0\s+0\.\d\d\s+-\s+-$")
-        self.assertRegex(lines[2], r"^run2\s+preempted\s+130\s+#\d+\s+\S+Z.*spotvisor-test\s+1\s+1\s+0\.\d\d\s+0 bytes\s+-$")
+                                   r"\s+1\s+0\s+0\.\d\d\s+-\s+-\s+-$")
+        self.assertRegex(lines[2], r"^run2\s+preempted\s+130\s+#\d+\s+\S+Z.*spotvisor-test\s+1\s+1\s+0\.\d\d\s+0 bytes\s+-\s+-$")
         js = self.cli("runs", "--json", f"gs://{self.BUCKET}/exp")
         runs = {r["run_id"]: r for r in json.loads(js.stdout)}
         self.assertEqual(runs["run1"]["state"], "done")
