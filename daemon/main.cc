@@ -233,7 +233,7 @@ const std::map<std::string, std::string> kHelp = {
      "Credentials as for `spotvisor runs` (writing needs storage.objects.create, or s3:PutObject).\n"
      "Exit status: 0 requested (and, with --wait, ended), 1 failed, 2 --wait ran out, 64 usage.\n"},
     {"launch",
-     "Usage: spotvisor launch --project PROJECT (--zone ZONE | --region REGION) --run-id RUN\n"
+     "Usage: spotvisor launch --project PROJECT (--zone ZONE | --region REGION [--zones Z,Z]) --run-id RUN\n"
      "                        --bucket gs://BUCKET[/PREFIX] (--image-family FAMILY [--image-project P] | --image IMAGE)\n"
      "                        [--machine-type n1-standard-4] [--accelerator type=TYPE[,count=N]]\n"
      "                        [--boot-disk-size 100] [--dataset-disk DISK | --dataset-snapshot S | --dataset-image I]\n"
@@ -253,9 +253,11 @@ const std::map<std::string, std::string> kHelp = {
      "the image, the service account and its scopes, and the metadata spotvisor-run-id,\n"
      "spotvisor-bucket, spotvisor-command (exec form), spotvisor-KEY for each --set,\n"
      "enable-guest-attributes) and a managed instance group named RUN of --size VMs (1; N for a gang)\n"
-     "in the zone, or across the region. --dataset-disk DISK attaches an existing zonal disk read-only\n"
-     "(its device name DISK, spotvisor-dataset-disk=DISK); a regional group is refused with it, as a\n"
-     "zonal disk cannot follow a VM into another zone. --dataset-snapshot / --dataset-image give each\n"
+     "in the zone, or across the region (--zones: only these zones of it). --dataset-disk DISK\n"
+     "attaches an existing zonal disk read-only (its device name DISK, spotvisor-dataset-disk=DISK); a\n"
+     "regional group is refused with it, as a zonal disk cannot follow a VM into another zone.\n"
+     "--dataset-disk regions/REGION/disks/DISK attaches a regional disk read-only; a regional group\n"
+     "then needs --zones, the disk's two replica zones. --dataset-snapshot / --dataset-image give each\n"
      "VM a disk of its own made in its zone (device name dataset, deleted with the VM), which works in\n"
      "a regional group too. Each request carries a requestId, so a retry\n"
      "never creates a thing twice. Credentials: --access-token-command, else Application Default\n"
@@ -348,7 +350,7 @@ int Parse(int argc, char** argv, Args& a) {
         {"pull", {"--sequence", "--access-token-command", "--storage-endpoint"}},
         {"gc", {"--keep", "--older-than", "--delete", "--access-token-command", "--storage-endpoint"}},
         {"stop", {"--wait", "--access-token-command", "--storage-endpoint"}},
-        {"launch", {"--project", "--zone", "--region", "--run-id", "--bucket", "--image", "--image-family",
+        {"launch", {"--project", "--zone", "--region", "--zones", "--run-id", "--bucket", "--image", "--image-family",
                     "--image-project", "--machine-type", "--accelerator", "--boot-disk-size", "--dataset-disk",
                     "--dataset-snapshot", "--dataset-image", "--service-account",
                     "--scopes", "--size", "--termination-action", "--set", "--compute-endpoint",
@@ -483,8 +485,11 @@ int Parse(int argc, char** argv, Args& a) {
       else if (flag == "--instance-profile") l.instance_profile = value;
       else if (flag == "--key-name") l.key_name = value;
       else if (flag == "--allocation-strategy") l.allocation_strategy = value;
-      else if (flag == "--instance-types" || flag == "--subnets" || flag == "--security-groups") {
-        auto& list = flag == "--instance-types" ? l.instance_types : flag == "--subnets" ? l.subnets : l.security_groups;
+      else if (flag == "--instance-types" || flag == "--subnets" || flag == "--security-groups" || flag == "--zones") {
+        auto& list = flag == "--instance-types" ? l.instance_types
+                     : flag == "--subnets"      ? l.subnets
+                     : flag == "--zones"        ? l.zones
+                                                : l.security_groups;
         for (auto const& part : spotvisor::SplitOn(value, ',')) {
           auto item = std::string(spotvisor::Trim(part));
           if (item.empty()) return CommandUsage("launch", flag + ": an empty item in \"" + value + "\"");

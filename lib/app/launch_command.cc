@@ -77,18 +77,53 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
   }
   if (o.image.empty() == o.image_family.empty()) return InvalidArgumentError("give one of --image or --image-family");
   if (o.boot_disk_gb < 10 || o.boot_disk_gb > 65536) return InvalidArgumentError("--boot-disk-size must be 10 to 65536 (GB)");
+  // An existing disk: a zonal one by name, or a regional one by its URL
+  // (what an instance template takes for each).
+  std::string disk_name, regional_disk;
   if (!o.dataset_disk.empty()) {
-    if (!GceName(o.dataset_disk, 63)) {
-      return InvalidArgumentError(fmt::format("--dataset-disk \"{}\" is not a disk name", Shown(o.dataset_disk)));
+    auto parts = SplitOn(o.dataset_disk, '/');
+    if (parts.size() == 6 && parts[0] == "projects" && parts[2] == "regions" && parts[4] == "disks") {
+      parts.erase(parts.begin(), parts.begin() + 2);
     }
-    if (!o.region.empty()) {
-      // Issue #30 point 7: refused here, before anything is created.
+    if (parts.size() == 4 && parts[0] == "regions" && parts[2] == "disks" && GceName(parts[1], 63) && GceName(parts[3], 63)) {
+      disk_name = parts[3];
+      regional_disk = fmt::format("projects/{}/regions/{}/disks/{}", o.project, parts[1], parts[3]);
+      if (StartsWith(o.dataset_disk, "projects/")) regional_disk = o.dataset_disk;
+      std::string group_region = !o.region.empty() ? o.region : o.zone.substr(0, o.zone.rfind('-'));
+      if (parts[1] != group_region) {
+        return InvalidArgumentError(fmt::format("--dataset-disk {}: the regional disk is in {}, the group in {}",
+                                                Shown(o.dataset_disk), parts[1], group_region));
+      }
+      if (!o.region.empty() && o.zones.empty()) {
+        return InvalidArgumentError(fmt::format(
+            "--dataset-disk {}: a regional disk lives in two zones of {}; give them as --zones (gcloud compute disks "
+            "describe {} --region {} --format='value(replicaZones)') so the group creates its VMs only there",
+            Shown(o.dataset_disk), o.region, parts[3], parts[1]));
+      }
+    } else if (GceName(o.dataset_disk, 63)) {
+      disk_name = o.dataset_disk;
+      if (!o.region.empty()) {
+        // Issue #30 point 7: refused here, before anything is created.
+        return InvalidArgumentError(fmt::format(
+            "--dataset-disk {}: a regional group creates its VMs in any zone of {}, and a zonal disk exists in one "
+            "zone only. Use --zone (the disk's zone); or a regional disk (--dataset-disk regions/{}/disks/NAME with "
+            "--zones, its two zones); or --dataset-snapshot / --dataset-image, which give each VM a disk of its own "
+            "made in its zone; or give the dataset through the bucket mount (--set bucket-mount=/mnt/bucket), or "
+            "bake it into the image",
+            o.dataset_disk, o.region, o.region));
+      }
+    } else {
       return InvalidArgumentError(fmt::format(
-          "--dataset-disk {}: a regional group creates its VMs in any zone of {}, and a zonal disk exists in one "
-          "zone only. Use --zone (the disk's zone); or --dataset-snapshot / --dataset-image, which give each VM a "
-          "disk of its own made in its zone; or give the dataset through the bucket mount (--set "
-          "bucket-mount=/mnt/bucket), or bake it into the image",
-          o.dataset_disk, o.region));
+          "--dataset-disk \"{}\" is not a disk name (a zonal disk) or regions/REGION/disks/NAME (a regional one)",
+          Shown(o.dataset_disk)));
+    }
+  }
+  if (!o.zones.empty()) {
+    if (o.region.empty()) return InvalidArgumentError("--zones is for a regional group (--region): the zones it may use");
+    for (auto const& z : o.zones) {
+      if (!StartsWith(z, o.region + "-") || !GceName(z, 63)) {
+        return InvalidArgumentError(fmt::format("--zones: \"{}\" is not a zone of {}", Shown(z), o.region));
+      }
     }
   }
   // A disk made for each VM, in its zone, from a snapshot or an image: what
@@ -118,7 +153,7 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
   auto keys = launch::RunKeys(o);
   if (!keys.ok()) return keys.status();
   for (auto const& [key, value] : *keys) add("spotvisor-" + key, value);
-  if (!o.dataset_disk.empty()) add("spotvisor-dataset-disk", o.dataset_disk);
+  if (!disk_name.empty()) add("spotvisor-dataset-disk", disk_name);
   if (!made_from.empty()) add("spotvisor-dataset-disk", kMadeDatasetDisk);
   add("enable-guest-attributes", "TRUE");
   Json scopes = Json::array();
@@ -148,15 +183,15 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
       {"serviceAccounts", {{{"email", o.service_account.empty() ? "default" : o.service_account}, {"scopes", scopes}}}},
       {"metadata", {{"items", items}}},
       {"labels", {{"spotvisor-run", o.run_id}}}};
-  if (!o.dataset_disk.empty()) {
-    // An existing disk: in a template, named, not a URL; read-only, so every
-    // VM of the group (a gang) can have it at once.
+  if (!disk_name.empty()) {
+    // An existing disk, read-only, so every VM of the group (a gang) can
+    // have it at once.
     properties["disks"].push_back({{"boot", false},
                                    {"autoDelete", false},
                                    {"type", "PERSISTENT"},
                                    {"mode", "READ_ONLY"},
-                                   {"deviceName", o.dataset_disk},
-                                   {"source", o.dataset_disk}});
+                                   {"deviceName", disk_name},
+                                   {"source", regional_disk.empty() ? disk_name : regional_disk}});
   }
   if (!made_from.empty()) {
     // Made with the VM in whatever zone it gets, deleted with it: each VM
@@ -191,12 +226,17 @@ StatusOr<std::vector<Request>> BuildRequests(const LaunchOptions& o) {
                  {{"name", o.run_id}, {"description", "spotvisor run " + o.run_id}, {"properties", properties}},
                  "instance template " + o.run_id, "compute.instanceTemplates.create"});
   std::string where = o.zone.empty() ? fmt::format("regions/{}", o.region) : fmt::format("zones/{}", o.zone);
-  out.push_back({"POST", fmt::format("/projects/{}/{}/instanceGroupManagers", o.project, where),
-                 {{"name", o.run_id},
-                  {"description", "spotvisor run " + o.run_id + " (it leaves the group when the run is over)"},
-                  {"baseInstanceName", o.run_id},
-                  {"instanceTemplate", fmt::format("projects/{}/global/instanceTemplates/{}", o.project, o.run_id)},
-                  {"targetSize", o.size}},
+  Json group = {{"name", o.run_id},
+                {"description", "spotvisor run " + o.run_id + " (it leaves the group when the run is over)"},
+                {"baseInstanceName", o.run_id},
+                {"instanceTemplate", fmt::format("projects/{}/global/instanceTemplates/{}", o.project, o.run_id)},
+                {"targetSize", o.size}};
+  if (!o.zones.empty()) {
+    Json zones = Json::array();
+    for (auto const& z : o.zones) zones.push_back({{"zone", fmt::format("zones/{}", z)}});
+    group["distributionPolicy"] = {{"zones", zones}};
+  }
+  out.push_back({"POST", fmt::format("/projects/{}/{}/instanceGroupManagers", o.project, where), group,
                  fmt::format("{} managed instance group {}", o.zone.empty() ? "regional" : "zonal", o.run_id),
                  "compute.instanceGroupManagers.create"});
   return out;

@@ -19,6 +19,7 @@ namespace spotvisor {
 struct LaunchOptions {
   std::string project;
   std::string zone, region;  // one of them: a zonal or a regional group
+  std::vector<std::string> zones;  // a regional group: the zones it may use ("" all of the region's)
   std::string run_id;        // names the run, the template and the group
   std::string bucket;        // gs://BUCKET/PREFIX (GCE) | s3://BUCKET/PREFIX (EC2)
   std::vector<std::string> command;  // the trainer (after --); or --set command=...
@@ -26,7 +27,7 @@ struct LaunchOptions {
   std::string accelerator;  // type=T,count=N ("" none)
   std::string image, image_family, image_project;  // EC2: image is the AMI id
   int boot_disk_gb = 100;
-  std::string dataset_disk;  // an existing zonal disk, attached read-only (zonal groups only)
+  std::string dataset_disk;  // an existing disk, read-only: NAME (zonal) or regions/R/disks/NAME (regional)
   std::string dataset_snapshot, dataset_image;  // or a disk made for each VM in its zone from one of these
   std::string service_account;  // "" the project's default
   std::string scopes = "cloud-platform";

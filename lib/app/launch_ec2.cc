@@ -255,7 +255,7 @@ int Failed(const std::string& message) {
 }  // namespace
 
 int LaunchEc2(const LaunchOptions& o) {
-  if (auto flag = launch::OtherCloudFlag(o, {"--project", "--zone", "--image-family", "--image-project", "--machine-type",
+  if (auto flag = launch::OtherCloudFlag(o, {"--project", "--zone", "--zones", "--image-family", "--image-project", "--machine-type",
                                               "--accelerator", "--boot-disk-size", "--dataset-disk", "--dataset-snapshot", "--dataset-image",
                                               "--service-account",
                                               "--scopes", "--termination-action", "--compute-endpoint",

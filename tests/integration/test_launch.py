@@ -108,6 +108,31 @@ class LaunchTest(unittest.TestCase):
             self.assertIn(text, bad.stderr)
         self.assertEqual(len(self.compute.calls()), calls)
 
+    def test_a_regional_disk_is_attached_by_its_url_and_the_group_kept_to_its_two_zones(self):
+        out = self.launch("--dataset-disk", "regions/us-central1/disks/imagenet", "--zones", "us-central1-a,us-central1-f",
+                          "--size", "2", where=("--region", "us-central1"), run_id="gang-3")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        props = self.compute.template("gang-3")["properties"]
+        disk = [d for d in props["disks"] if not d.get("boot")]
+        # An instance template names a zonal disk by name and a regional one by URL (compute.proto, AttachedDisk.source).
+        self.assertEqual(disk, [{"boot": False, "autoDelete": False, "type": "PERSISTENT", "mode": "READ_ONLY",
+                                 "deviceName": "imagenet", "source": "projects/my-project/regions/us-central1/disks/imagenet"}])
+        self.assertEqual({i["key"]: i["value"] for i in props["metadata"]["items"]}["spotvisor-dataset-disk"], "imagenet")
+        zones = [z["zone"].rsplit("/", 1)[-1] for z in self.compute.group("gang-3", location="us-central1")["distributionPolicy"]["zones"]]
+        self.assertEqual(zones, ["us-central1-a", "us-central1-f"])
+        calls = len(self.compute.calls())
+        for extra, where, text in [
+                (("--dataset-disk", "regions/us-central1/disks/imagenet"), ("--region", "us-central1"), "--zones"),
+                (("--dataset-disk", "regions/europe-west4/disks/imagenet", "--zones", "us-central1-a"),
+                 ("--region", "us-central1"), "the regional disk is in europe-west4"),
+                (("--zones", "europe-west4-a"), ("--region", "us-central1"), "not a zone of us-central1"),
+                (("--zones", "us-central1-a"), ("--zone", ZONE), "--zones is for a regional group"),
+                (("--dataset-disk", "zones/x/disks/y"), ("--zone", ZONE), "is not a disk name")]:
+            bad = self.launch(*extra, where=where, run_id="mnist-5")
+            self.assertEqual(bad.returncode, 64, bad.stderr)
+            self.assertIn(text, bad.stderr)
+        self.assertEqual(len(self.compute.calls()), calls)
+
     def test_the_dry_run_prints_the_requests_and_creates_nothing(self):
         out = self.launch("--dry-run")
         self.assertEqual(out.returncode, 0, out.stderr)
