@@ -75,7 +75,12 @@ default 3600, GlobalTimeout = min(100 x HeartbeatTimeout, 172800), DefaultResult
 ABANDON, NotificationTargetARN/RoleARN/NotificationMetadata stored and echoed, 50 hooks per
 group: LimitExceeded); CompleteLifecycleAction (CONTINUE | ABANDON, by InstanceId or
 LifecycleActionToken); RecordLifecycleActionHeartbeat (the deadline moves to now +
-HeartbeatTimeout, never past the global timeout).
+HeartbeatTimeout, never past the global timeout); DetachInstances (InstanceIds, at most 20, each
+InService in the group; ShouldDecrementDesiredCapacity required; answers one Activity per instance,
+"Detaching EC2 instance: ID", Cause "At T instance ID was detached in response to a user request[,
+shrinking the capacity from D to D-1].", InProgress; the instance leaves the group at once, runs
+on, is listed by detached(), and a linked IMDS says Detached; chosen, not verified: the messages for
+an instance not in the group, not InService, more than 20, and a decrement below MinSize).
 
 The lifecycle, as the fake runs it (the fake never launches or terminates EC2 instances itself:
 a test plays the group's controller, adds instances with add_instance(), and needed(group) says
@@ -120,7 +125,7 @@ the rest of the template are not checked (the service checks them here).
 
 Not implemented (InvalidAction like any other action): launch configurations
 (LaunchConfigurationName is "Launch configuration name not found"), CreateAutoScalingGroup from
-an InstanceId, warm pools, Standby/Detach/Attach, instance refresh, scaling policies and
+an InstanceId, warm pools, Standby/Attach, instance refresh, scaling policies and
 scheduled actions, DescribeScalingActivities, notifications (nothing is sent to
 NotificationTargetARN), tags actions, instance protection actions, load balancers and target
 groups, health checks (every instance is Healthy), AZ rebalancing, capacity rebalancing itself
@@ -177,7 +182,7 @@ SERVICE = "autoscaling"
 ACTIONS = ("CreateAutoScalingGroup", "DescribeAutoScalingGroups", "DescribeAutoScalingInstances",
            "UpdateAutoScalingGroup", "SetDesiredCapacity", "TerminateInstanceInAutoScalingGroup",
            "DeleteAutoScalingGroup", "PutLifecycleHook", "DescribeLifecycleHooks", "DeleteLifecycleHook",
-           "CompleteLifecycleAction", "RecordLifecycleActionHeartbeat")
+           "CompleteLifecycleAction", "RecordLifecycleActionHeartbeat", "DetachInstances")
 # Actions IAM authorises without a resource (the AccessDenied message names none).
 UNSCOPED = ("DescribeAutoScalingGroups", "DescribeAutoScalingInstances", "DescribeLifecycleHooks")
 LAUNCHING = "autoscaling:EC2_INSTANCE_LAUNCHING"
@@ -382,6 +387,7 @@ class FakeAutoScalingServer:
         self._actions = []               # every lifecycle action, oldest first
         self._rounds = 0                 # numbers transitions, so actions of one go together
         self._gone = {}                  # instance id -> its last group name
+        self._detached = {}              # instance id -> the group DetachInstances took it out of
         self._imds = {}                  # instance id -> a FakeImdsServer
         self._ec2 = None                 # a FakeEc2Server, through link_ec2()
         self._denied = set()
@@ -1261,6 +1267,54 @@ class FakeAutoScalingServer:
                              "Description": f"Terminating EC2 instance: {iid}", "Cause": cause,
                              "StartTime": _iso(now), "StatusCode": "InProgress", "Progress": 0,
                              "Details": json.dumps(details, separators=(",", ":"))}}
+
+    def _op_DetachInstances(self, p):
+        _required(p, "AutoScalingGroupName", "ShouldDecrementDesiredCapacity")
+        name = p["AutoScalingGroupName"]
+        decrement = _bool(p, "ShouldDecrementDesiredCapacity")
+        ids = _list(p, "InstanceIds")
+        if len(ids) > 20:
+            raise _invalid("The number of instances to detach must be 20 or fewer.")
+        g = self._groups.get(name)
+        self._authorize("DetachInstances", group=g, group_name=name)
+        g = self._existing(name)
+        for iid in ids:
+            inst = g.instances.get(iid)
+            if inst is None:
+                raise _invalid(f"The instance {iid} is not part of Auto Scaling group {name}.")
+            if inst.state != "InService":
+                raise _invalid(f"The instance {iid} is not in InService or Standby.")
+        if decrement and g.desired - len(ids) < g.min:
+            raise _invalid(f"The number of instances to detach would cause the group to fall below its minimum size "
+                           f"({g.min}). Either set ShouldDecrementDesiredCapacity to false or lower the group's min "
+                           f"size.")
+        now = self.now()
+        activities = []
+        for iid in ids:
+            inst = g.instances[iid]
+            cause = f"At {_iso(now, ms=False)} instance {iid} was detached in response to a user request"
+            if decrement:
+                cause += f", shrinking the capacity from {g.desired} to {g.desired - 1}"
+                g.desired -= 1
+            del g.instances[iid]
+            self._detached[iid] = name
+            imds = self._imds.get(iid)
+            if imds is not None:
+                imds.set_target_lifecycle_state("Detached")
+            details = {"Subnet ID": inst.subnet, "Availability Zone": inst.az} if inst.subnet else \
+                {"Availability Zone": inst.az}
+            activities.append({"ActivityId": str(uuid.uuid4()), "AutoScalingGroupName": name,
+                               "Description": f"Detaching EC2 instance: {iid}", "Cause": cause + ".",
+                               "StartTime": _iso(now), "StatusCode": "InProgress", "Progress": 50,
+                               "Details": json.dumps(details, separators=(",", ":"))})
+        self._rounds += 1
+        return {"Activities": activities}
+
+    def detached(self):
+        """{instance id: group name} of every instance DetachInstances took out of its group (it runs
+        on, in no group, with autoscaling/target-lifecycle-state Detached in a linked IMDS)."""
+        with self._lock:
+            return dict(self._detached)
 
     def _op_DeleteAutoScalingGroup(self, p):
         _required(p, "AutoScalingGroupName")

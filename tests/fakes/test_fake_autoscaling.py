@@ -533,6 +533,40 @@ class LifecycleTest(_Base):
         self.assertEqual(self.srv.lifecycle_state("i-0aaa"), "Terminated")
         self.assertEqual({a["completed_by"] for a in self.srv.lifecycle_actions()}, {"ForceDelete"})
 
+    def test_detach_instances(self):
+        imds = FakeImdsServer(instance_id="i-0aaa", region=REGION).start()
+        self.addCleanup(imds.stop)
+        self.group(min_size=1, desired=2)
+        self.srv.link_imds("i-0aaa", imds)
+        c = self.client()
+        err = self.error(lambda: c.detach_instances(InstanceIds=["i-0zzz"], AutoScalingGroupName="train",
+                                                    ShouldDecrementDesiredCapacity=True))
+        self.assertEqual(err["Error"]["Message"], "The instance i-0zzz is not part of Auto Scaling group train.")
+        acts = c.detach_instances(InstanceIds=["i-0aaa"], AutoScalingGroupName="train",
+                                  ShouldDecrementDesiredCapacity=True)["Activities"]
+        self.assertEqual([(a["Description"], a["StatusCode"]) for a in acts],
+                         [("Detaching EC2 instance: i-0aaa", "InProgress")])
+        self.assertTrue(acts[0]["Cause"].endswith("was detached in response to a user request, shrinking the "
+                                                  "capacity from 2 to 1."), acts[0]["Cause"])
+        self.assertEqual([i["id"] for i in self.srv.instances("train")], ["i-0bbb"])
+        self.assertEqual((self.srv.desired("train"), self.srv.needed("train")), (1, 0))
+        self.assertEqual(self.srv.detached(), {"i-0aaa": "train"})
+        self.assertEqual(imds._target_lifecycle_state, "Detached")
+        # At the minimum the decrement is refused; without it, the group is short of one.
+        err = self.error(lambda: c.detach_instances(InstanceIds=["i-0bbb"], AutoScalingGroupName="train",
+                                                    ShouldDecrementDesiredCapacity=True))
+        self.assertEqual(err["Error"]["Code"], "ValidationError")
+        self.assertIn("fall below its minimum size (1)", err["Error"]["Message"])
+        c.detach_instances(InstanceIds=["i-0bbb"], AutoScalingGroupName="train", ShouldDecrementDesiredCapacity=False)
+        self.assertEqual((self.srv.desired("train"), self.srv.needed("train")), (1, 1))
+        # Empty now: deleted without ForceDelete.
+        c.delete_auto_scaling_group(AutoScalingGroupName="train")
+        self.assertIsNone(self.srv.group("train"))
+        self.srv.deny("DetachInstances")
+        self.group(name="g2", min_size=0, desired=1, instances=("i-0ccc",))
+        self.assertEqual(self.code(lambda: c.detach_instances(InstanceIds=["i-0ccc"], AutoScalingGroupName="g2",
+                                                              ShouldDecrementDesiredCapacity=True)), "AccessDenied")
+
     def test_imds_follows_the_group(self):
         imds = FakeImdsServer(instance_id="i-0aaa", region=REGION).start()
         self.addCleanup(imds.stop)
@@ -806,6 +840,18 @@ class AwsCliTest(_Base):
                           "CompleteLifecycleAction", "DescribeAutoScalingInstances",
                           "TerminateInstanceInAutoScalingGroup", "TerminateInstanceInAutoScalingGroup",
                           "DeleteAutoScalingGroup", "DeleteAutoScalingGroup", "DeleteAutoScalingGroup"])
+
+    def test_detach_through_the_cli(self):
+        self.aws("create-auto-scaling-group", "--auto-scaling-group-name", "cli", "--launch-template",
+                 "LaunchTemplateName=trainer,Version=$Latest", "--min-size", "0", "--max-size", "1",
+                 "--desired-capacity", "1", "--availability-zones", REGION + "a")
+        self.srv.add_instance("cli", "i-0d1")
+        acts = self.aws("detach-instances", "--instance-ids", "i-0d1", "--auto-scaling-group-name", "cli",
+                        "--should-decrement-desired-capacity")["Activities"]
+        self.assertEqual(acts[0]["Description"], "Detaching EC2 instance: i-0d1")
+        self.assertEqual(self.srv.desired("cli"), 0)
+        self.aws("delete-auto-scaling-group", "--auto-scaling-group-name", "cli")
+        self.assertEqual(self.srv.groups(), [])
 
     def test_cli_auth_errors(self):
         self.env["AWS_SECRET_ACCESS_KEY"] = "wrong"
