@@ -52,15 +52,76 @@ class Ec2Client final : public QueryClient, public ComputeClient, public Ec2Tagg
   }
 };
 
+// One credential source for two APIs (the group's and EC2's).
+class SharedCredentials final : public AwsCredentialProvider {
+ public:
+  explicit SharedCredentials(std::shared_ptr<AwsCredentialProvider> p) : p_(std::move(p)) {}
+  StatusOr<AwsCredentials> Get(const CallContext& ctx) override { return p_->Get(ctx); }
+  void Invalidate() override { p_->Invalidate(); }
+  std::string Source() const override { return p_->Source(); }
+
+ private:
+  std::shared_ptr<AwsCredentialProvider> p_;
+};
+
 // Leaving an Auto Scaling group: TerminateInstanceInAutoScalingGroup with
 // ShouldDecrementDesiredCapacity, so that the group launches nothing in its
 // place. The answer is synchronous (an Activity, or a ValidationError).
 class AsgClient final : public QueryClient, public GroupClient {
  public:
-  AsgClient(std::string endpoint, InstanceGroup g, Ec2InstanceRef i, std::unique_ptr<AwsCredentialProvider> creds,
-            Sleeper& sleeper, const Clock& clock)
-      : QueryClient(kAutoScalingQueryApi, std::move(endpoint), std::move(i), std::move(creds), sleeper, clock),
-        g_(std::move(g)) {}
+  AsgClient(std::string endpoint, std::string ec2_endpoint, InstanceGroup g, Ec2InstanceRef i,
+            std::shared_ptr<AwsCredentialProvider> creds, Sleeper& sleeper, const Clock& clock)
+      : QueryClient(kAutoScalingQueryApi, std::move(endpoint), i, std::make_unique<SharedCredentials>(creds), sleeper,
+                    clock),
+        g_(std::move(g)), sleeper_(sleeper),
+        ec2_(kEc2QueryApi, std::move(ec2_endpoint), i.region, std::make_unique<SharedCredentials>(creds), sleeper, clock) {}
+
+  // group-delete-when-empty: the last instance (desired capacity 1) takes
+  // itself out of the group without being terminated (DetachInstances,
+  // decrementing), deletes the empty group, the launch template if
+  // `spotvisor launch` made it for this group (the group's spotvisor-launch
+  // tag), and last terminates itself. Others left, or no way to tell: Leave().
+  Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) override {
+    std::string xml;
+    auto group = AwsUriEncode(g_.name, false);
+    auto scope = fmt::format("the group {}", g_.name);
+    auto d = Call("DescribeAutoScalingGroups", "AutoScalingGroupNames.member.1=" + group,
+                  fmt::format("describe {}", g_.Describe()), scope, ctx, &xml);
+    auto desired = ParseUint64(XmlText(xml, "DesiredCapacity").value_or(""));
+    std::size_t members = 0;
+    for (auto at = xml.find("<InstanceId>"); at != std::string::npos; at = xml.find("<InstanceId>", at + 1)) ++members;
+    if (!d.ok() || !desired || *desired != 1 || members > 1) return Leave(ctx);  // others stay
+    std::string tpl;
+    if (xml.find("<Key>spotvisor-launch</Key>") != std::string::npos) tpl = XmlText(xml, "LaunchTemplateName").value_or("");
+    auto s = Call("DetachInstances",
+                  fmt::format("AutoScalingGroupName={}&InstanceIds.member.1={}&ShouldDecrementDesiredCapacity=true", group,
+                              AwsUriEncode(i_.instance_id, false)),
+                  fmt::format("take this instance ({}) out of {}", i_.instance_id, g_.Describe()), scope, ctx);
+    if (!s.ok()) return Leave(ctx);  // a plain leave still ends the billing
+    // A detach settles for a moment: ResourceInUse until it has.
+    Status gone;
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      gone = Call("DeleteAutoScalingGroup", "AutoScalingGroupName=" + group, fmt::format("delete {}", g_.Describe()),
+                  scope, ctx);
+      auto code = query_.last_code();
+      if (gone.ok() || (code != "ResourceInUse" && code != "ScalingActivityInProgress")) break;
+      ContextSleeper wait(ctx, &sleeper_);
+      if (!wait.SleepFor(std::chrono::seconds(2))) break;
+    }
+    if (gone.ok() && deleted) deleted->push_back(g_.Describe());
+    if (gone.ok() && !tpl.empty() && tpl.size() <= 128) {
+      auto t = ec2_.Call("DeleteLaunchTemplate", "LaunchTemplateName=" + AwsUriEncode(tpl, false),
+                         "delete the launch template " + output::EscapeInvalidUtf8(tpl), "launch templates", ctx);
+      if ((t.ok() || t.code() == StatusCode::kNotFound) && deleted) {
+        deleted->push_back("launch template " + output::EscapeInvalidUtf8(tpl));
+      }
+    }
+    // No group brings it back now: this instance goes by itself.
+    auto t = ec2_.Call("TerminateInstances", "InstanceId.1=" + AwsUriEncode(i_.instance_id, false),
+                       fmt::format("terminate instance {} ({})", i_.instance_id, i_.region), "this instance", ctx);
+    if (t.ok() && deleted) deleted->push_back("instance " + i_.instance_id);
+    return t;
+  }
 
   std::string LeaveCall() const override { return "TerminateInstanceInAutoScalingGroup"; }
 
@@ -135,6 +196,8 @@ class AsgClient final : public QueryClient, public GroupClient {
 
  private:
   InstanceGroup g_;
+  Sleeper& sleeper_;
+  AwsQueryClient ec2_;
 };
 
 }  // namespace
@@ -180,8 +243,9 @@ std::unique_ptr<GroupClient> MakeAsgClient(std::string endpoint, InstanceGroup g
                                            const Clock& clock) {
   endpoint = AwsEndpoint(std::move(endpoint), {"AWS_ENDPOINT_URL_AUTO_SCALING", "AWS_ENDPOINT_URL"},
                       fmt::format("https://autoscaling.{}.amazonaws.com", instance.region));
-  return std::make_unique<AsgClient>(std::move(endpoint), std::move(group), std::move(instance), std::move(credentials),
-                                     sleeper, clock);
+  auto ec2 = AwsEndpoint("", {"AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL"}, fmt::format("https://ec2.{}.amazonaws.com", instance.region));
+  return std::make_unique<AsgClient>(std::move(endpoint), std::move(ec2), std::move(group), std::move(instance),
+                                     std::shared_ptr<AwsCredentialProvider>(std::move(credentials)), sleeper, clock);
 }
 
 }  // namespace spotvisor

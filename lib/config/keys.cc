@@ -27,8 +27,8 @@ const std::vector<KeySpec>& AllKeys() {
        "aws:autoscaling:groupName) | none | a MIG (projects/P/zones/Z/instanceGroupManagers/N, or regions/R) | an Auto "
        "Scaling group's name. In a group, an ending that should stop the billing leaves the group instead of on-exit"},
       {"group-delete-when-empty", "false",
-       "true: the last VM of a managed instance group deletes the group and its instance template when the run is over, "
-       "then itself, so a finished run leaves nothing but the bucket (GCE only)"},
+       "true: the last VM of a managed instance group or Auto Scaling group deletes the group and its template when the "
+       "run is over, then itself, so a finished run leaves nothing but the bucket"},
       {"max-failed-boots", "3",
        "After this many failed boots of the run in a row (trainer failed; restore, mount or sync failed), the run is "
        "marked failed (RUN_ID/FAILED) and every later boot ends at once (0: no limit; 0-1000)"},

@@ -520,6 +520,56 @@ class AutoScalingGroupTest(SpotvisorTestCase):
                      if a["completed_by"] == "CompleteLifecycleAction" and a["result"] == "CONTINUE"]
         self.assertEqual(len(completed), 2, "the leaving instance's hook was released too")
 
+    def solo_group(self, name, launched_by_spotvisor):
+        """This instance alone in a group of one from a launch template named after it, made
+        through the API as `spotvisor launch` makes it (with its spotvisor-launch tag) or not."""
+        import boto3
+        if self.INSTANCE in [i["id"] for i in self.asg.instances("trainers")]:
+            self.asg.begin_termination(self.INSTANCE)  # out of "trainers" first (gone at once: no hook)
+        self.ec2.add_launch_template(name, {"ImageId": "ami-0123456789abcdef0"})
+        self.asg.link_ec2(self.ec2)
+        self.asg.add_credentials("AKIATEST", "test-secret")
+        tags = [{"Key": "spotvisor-launch", "Value": "token-1", "PropagateAtLaunch": False,
+                 "ResourceId": name, "ResourceType": "auto-scaling-group"}] if launched_by_spotvisor else []
+        boto3.client("autoscaling", region_name="eu-west-1", endpoint_url=self.asg.endpoint,
+                     aws_access_key_id="AKIATEST", aws_secret_access_key="test-secret").create_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=0, MaxSize=1, DesiredCapacity=1, AvailabilityZones=["eu-west-1b"],
+            LaunchTemplate={"LaunchTemplateName": name, "Version": "$Latest"}, Tags=tags)
+        self.asg.add_instance(name, self.INSTANCE, "eu-west-1b")
+        self.imds.set_tags({"aws:autoscaling:groupName": name, "Name": "trainer-1"})
+        self.asg.reset_log()
+
+    def test_group_delete_when_empty_the_last_instance_leaves_nothing_but_the_bucket(self):
+        self.solo_group("solo", launched_by_spotvisor=True)
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true"})
+        self.assertEqual(code, 0, "".join(p.raw[-20:]))
+        gone = p.wait_event("group.deleted")["deleted"]
+        self.assertEqual(gone, ["Auto Scaling group solo (eu-west-1)", "launch template solo", f"instance {self.INSTANCE}"])
+        p.wait_event("shutdown.api_done")
+        self.assertEqual([a for a, _ in self.asg.calls()],
+                         ["DescribeAutoScalingGroups", "DetachInstances", "DeleteAutoScalingGroup"])
+        self.assertIsNone(self.asg.group("solo"))
+        self.assertEqual(self.asg.detached(), {self.INSTANCE: "solo"})
+        self.assertIsNone(self.ec2.launch_template("solo"))
+        self.assertIn(("TerminateInstances", [self.INSTANCE]), self.ec2.calls())
+        self.assertFalse(os.path.exists(self.path("off")))
+
+    def test_group_delete_when_empty_leaves_a_group_with_others_and_keeps_a_template_it_did_not_make(self):
+        # "trainers" holds another instance too: a plain leave.
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true"})
+        p.wait_event("shutdown.api_done")
+        self.assertIn("TerminateInstanceInAutoScalingGroup", [a for a, _ in self.asg.calls()])
+        self.assertNotIn("DetachInstances", [a for a, _ in self.asg.calls()])
+        self.assertEqual(self.asg.desired("trainers"), 1)
+        self.assertEqual(p.find("group.deleted"), [])
+        # Alone in a group made by hand: the group goes, its template stays.
+        self.solo_group("byhand", launched_by_spotvisor=False)
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true", "run-id": "run2"})
+        gone = p.wait_event("group.deleted")["deleted"]
+        self.assertEqual(gone, ["Auto Scaling group byhand (eu-west-1)", f"instance {self.INSTANCE}"])
+        self.assertIsNotNone(self.ec2.launch_template("byhand"), "a template spotvisor did not make stays")
+        self.assertIsNone(self.asg.group("byhand"))
+
     def test_hidden_tags_are_said_and_an_explicit_group_key_names_the_group(self):
         self.imds.set_tags_enabled(False)
         p, code = self.boot(["--run-for", "10"], **{"on-exit": "none"})
