@@ -186,6 +186,11 @@ class AsgClient final : public QueryClient, public GroupClient {
                   fmt::format("InstanceId={}&ShouldDecrementDesiredCapacity=true", AwsUriEncode(i_.instance_id, false)),
                   fmt::format("leave {} with this instance ({})", g_.Describe(), i_.instance_id),
                   fmt::format("the group {}", g_.name), ctx);
+    // The group (or this instance's place in it) is not there: a
+    // ValidationError "Instance Id not found - No managed instance found ...".
+    if (s.code() == StatusCode::kInvalidArgument && s.message().find("No managed instance found") != std::string::npos) {
+      return NotFoundError(s.message());
+    }
     // A terminating lifecycle hook now holds the instance in
     // Terminating:Wait, billed, for nothing: the run is over and synced.
     // Best effort (a hook that has not caught the instance yet answers a

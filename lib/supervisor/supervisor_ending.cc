@@ -250,11 +250,17 @@ void Supervisor::LeaveGroup(bool retry) {
         Dispatch(OnExitDone{0});
         return;
       }
-      // Never a self-delete the group would undo: power off instead.
+      // Never a self-delete the group would undo: power off instead. A
+      // group that is not there any more brings nothing back: said so.
+      bool gone = !retry && s.code() == StatusCode::kNotFound;
       logger_.Error("shutdown.api_failed",
-                    fmt::format("{} failed: {}; powering off instead", retry ? "deleting this VM" : "leaving the group",
-                                s.message()),
-                    {{"error", s.message()}, {"group", group.Path()}});
+                    gone ? fmt::format("leaving the group failed: {}. {} does not hold this VM any more (deleted, "
+                                       "this VM taken out of it, or the {} names another group), so nothing brings "
+                                       "this VM back: powering off instead",
+                                       s.message(), group.Describe(), group.source)
+                         : fmt::format("{} failed: {}; powering off instead", retry ? "deleting this VM" : "leaving the group",
+                                       s.message()),
+                    {{"error", s.message()}, {"group", group.Path()}, {"group_gone", gone}});
       Dispatch(OnExitDone{1});
     });
   });

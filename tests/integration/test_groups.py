@@ -357,6 +357,17 @@ class ManagedInstanceGroupTest(SpotvisorTestCase):
         self.assertEqual(self.compute.target_size("trainers"), 1)
         self.assertEqual(self.off_count(), 0)
 
+    def test_a_group_that_no_longer_exists_is_said_and_the_vm_powers_off(self):
+        self.metadata.set("instance/attributes/created-by", MIG.replace("/trainers", "/deleted-since"))
+        p, code = self.boot(["--run-for", "10"])
+        failed = p.wait_event("shutdown.api_failed")
+        self.assertTrue(failed["group_gone"], failed)
+        self.assertIn("zonal managed instance group deleted-since (us-central1-a) does not hold this VM any more",
+                      failed["message"])
+        self.assertIn("nothing brings this VM back", failed["message"])
+        self.assertEqual(self.off_count(), 1, "powered off instead, once")
+        self.assertEqual(self.compute.target_size("trainers"), 2, "the other group is left alone")
+
     def test_a_created_by_that_is_not_a_group_is_a_clear_configuration_error(self):
         self.metadata.set("instance/attributes/created-by", "projects/1/zones/us-central1-a/instances/x")
         p, code = self.boot(["--run-for", "10"])
@@ -569,6 +580,14 @@ class AutoScalingGroupTest(SpotvisorTestCase):
         self.assertEqual(gone, ["Auto Scaling group byhand (eu-west-1)", f"instance {self.INSTANCE}"])
         self.assertIsNotNone(self.ec2.launch_template("byhand"), "a template spotvisor did not make stays")
         self.assertIsNone(self.asg.group("byhand"))
+
+    def test_a_group_that_no_longer_has_this_instance_is_said_and_it_powers_off(self):
+        self.asg.begin_termination(self.INSTANCE)  # taken out of "trainers" behind spotvisor's back
+        p, code = self.boot(["--run-for", "10"])
+        failed = p.wait_event("shutdown.api_failed")
+        self.assertTrue(failed["group_gone"], failed)
+        self.assertIn("Auto Scaling group trainers (eu-west-1) does not hold this VM any more", failed["message"])
+        self.assertEqual(self.read("off").count("off"), 1)
 
     def test_hidden_tags_are_said_and_an_explicit_group_key_names_the_group(self):
         self.imds.set_tags_enabled(False)
