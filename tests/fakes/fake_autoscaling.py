@@ -81,6 +81,8 @@ InService in the group; ShouldDecrementDesiredCapacity required; answers one Act
 shrinking the capacity from D to D-1].", InProgress; the instance leaves the group at once, runs
 on, is listed by detached(), and a linked IMDS says Detached; chosen, not verified: the messages for
 an instance not in the group, not InService, more than 20, and a decrement below MinSize).
+Faults: lose_answer(action, count) carries the next requests out and drops their connections
+without an answer.
 
 The lifecycle, as the fake runs it (the fake never launches or terminates EC2 instances itself:
 a test plays the group's controller, adds instances with add_instance(), and needed(group) says
@@ -388,6 +390,7 @@ class FakeAutoScalingServer:
         self._rounds = 0                 # numbers transitions, so actions of one go together
         self._gone = {}                  # instance id -> its last group name
         self._detached = {}              # instance id -> the group DetachInstances took it out of
+        self._lose = {}                  # action -> how many more answers to lose (lose_answer)
         self._imds = {}                  # instance id -> a FakeImdsServer
         self._ec2 = None                 # a FakeEc2Server, through link_ec2()
         self._denied = set()
@@ -819,6 +822,14 @@ class FakeAutoScalingServer:
                 result = getattr(self, "_op_" + action)(params)
                 self._tick_locked()
                 self._changed.notify_all()
+            with self._lock:
+                lose = self._lose.get(action, 0) > 0
+                if lose:
+                    self._lose[action] -= 1
+            if lose:  # done, and the answer lost on the way: the connection drops
+                entry["status"], entry["error"] = None, "answer lost"
+                h.close_connection = True
+                return
             wrapped = "" if result is None else _x(action + "Result", result)
             status, code = 200, None
             xml = (f'<?xml version="1.0" encoding="UTF-8"?>\n<{action}Response xmlns="{NS}">{wrapped}'
@@ -1309,6 +1320,13 @@ class FakeAutoScalingServer:
                                "Details": json.dumps(details, separators=(",", ":"))})
         self._rounds += 1
         return {"Activities": activities}
+
+    def lose_answer(self, action, count=1):
+        """The next `count` requests for `action` are carried out, and then the connection drops
+        without an answer: a client sees a transport error for a call that took effect (what a
+        retry must cope with)."""
+        with self._lock:
+            self._lose[action] = self._lose.get(action, 0) + count
 
     def detached(self):
         """{instance id: group name} of every instance DetachInstances took out of its group (it runs

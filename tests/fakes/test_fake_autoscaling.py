@@ -567,6 +567,19 @@ class LifecycleTest(_Base):
         self.assertEqual(self.code(lambda: c.detach_instances(InstanceIds=["i-0ccc"], AutoScalingGroupName="g2",
                                                               ShouldDecrementDesiredCapacity=True)), "AccessDenied")
 
+    def test_a_lost_answer_took_effect(self):
+        from botocore.exceptions import ConnectionClosedError, EndpointConnectionError
+        self.srv.lose_answer("CreateAutoScalingGroup")
+        c = self.client()
+        with self.assertRaises((ConnectionClosedError, EndpointConnectionError)):
+            c.create_auto_scaling_group(AutoScalingGroupName="lost", MinSize=0, MaxSize=1,
+                                        AvailabilityZones=[REGION + "a"],
+                                        LaunchTemplate={"LaunchTemplateName": "trainer", "Version": "$Latest"})
+        self.assertIsNotNone(self.srv.group("lost"), "carried out all the same")
+        self.assertEqual(self.code(lambda: c.create_auto_scaling_group(
+            AutoScalingGroupName="lost", MinSize=0, MaxSize=1, AvailabilityZones=[REGION + "a"],
+            LaunchTemplate={"LaunchTemplateName": "trainer", "Version": "$Latest"})), "AlreadyExists")
+
     def test_imds_follows_the_group(self):
         imds = FakeImdsServer(instance_id="i-0aaa", region=REGION).start()
         self.addCleanup(imds.stop)
