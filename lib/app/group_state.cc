@@ -8,12 +8,61 @@
 #include "compute/compute_client.h"
 #include "compute/ec2_client.h"
 #include "retry/sleeper.h"
-#include "storage/aws_credentials.h"
 
 namespace spotvisor {
+namespace {
 
-GroupLookup LookUpGroup(const std::string& path, const std::string& zone, const RemoteOptions& o) {
+const SystemClock& TheClock() {
   static const SystemClock clock;
+  return clock;
+}
+
+// One provider for every group of a cloud. A listing is short: credentials
+// that could not be had for one group are not sought again for the next
+// (on a laptop without keys, each try of the instance role costs seconds).
+class SharedToken final : public TokenProvider {
+ public:
+  explicit SharedToken(std::shared_ptr<TokenProvider> p, std::shared_ptr<Status> failed)
+      : p_(std::move(p)), failed_(std::move(failed)) {}
+  StatusOr<std::string> AuthorizationHeader(const CallContext& ctx) override {
+    if (!failed_->ok()) return *failed_;
+    auto h = p_->AuthorizationHeader(ctx);
+    if (!h.ok()) *failed_ = h.status();
+    return h;
+  }
+
+ private:
+  std::shared_ptr<TokenProvider> p_;
+  std::shared_ptr<Status> failed_;
+};
+class SharedAws final : public AwsCredentialProvider {
+ public:
+  SharedAws(std::shared_ptr<AwsCredentialProvider> p, std::shared_ptr<Status> failed)
+      : p_(std::move(p)), failed_(std::move(failed)) {}
+  StatusOr<AwsCredentials> Get(const CallContext& ctx) override {
+    if (!failed_->ok()) return *failed_;
+    auto c = p_->Get(ctx);
+    if (!c.ok()) *failed_ = c.status();
+    return c;
+  }
+  void Invalidate() override { p_->Invalidate(); }
+  std::string Source() const override { return p_->Source(); }
+
+ private:
+  std::shared_ptr<AwsCredentialProvider> p_;
+  std::shared_ptr<Status> failed_;
+};
+
+}  // namespace
+
+const GroupLookup& GroupStates::Get(const std::string& group, const std::string& zone) {
+  std::string key = StartsWith(group, "projects/") ? group : group + "@" + RegionOfZone(zone);
+  auto it = seen_.find(key);
+  if (it == seen_.end()) it = seen_.emplace(key, Ask(group, zone)).first;
+  return it->second;
+}
+
+GroupLookup GroupStates::Ask(const std::string& path, const std::string& zone) {
   static CancellableSleeper sleeper;
   GroupLookup out;
   // Ten seconds a group: a listing waits on nothing for long.
@@ -25,14 +74,18 @@ GroupLookup LookUpGroup(const std::string& path, const std::string& zone, const 
       out.error = group.status().message();
       return out;
     }
-    auto tokens = LaptopGoogleCredentials(o.access_token_command, kCloudPlatformScope);
-    if (!tokens.ok()) {
-      out.error = tokens.status().message();
+    if (!google_) {
+      auto made = LaptopGoogleCredentials(o_.access_token_command, kCloudPlatformScope);
+      google_ = made.ok() ? StatusOr<std::shared_ptr<TokenProvider>>(std::shared_ptr<TokenProvider>(std::move(*made)))
+                          : StatusOr<std::shared_ptr<TokenProvider>>(made.status());
+    }
+    if (!google_->ok()) {
+      out.error = google_->status().message();
       return out;
     }
-    std::string endpoint = o.compute_endpoint;
+    std::string endpoint = o_.compute_endpoint;
     while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-    client = MakeMigClient(endpoint, *group, InstanceRef{}, std::move(*tokens), sleeper);
+    client = MakeMigClient(endpoint, *group, InstanceRef{}, std::make_unique<SharedToken>(**google_, google_failed_), sleeper);
   } else {
     auto region = RegionOfZone(zone);
     auto group = ParseAsgName(path, region);
@@ -41,12 +94,17 @@ GroupLookup LookUpGroup(const std::string& path, const std::string& zone, const 
                              : group.status().message();
       return out;
     }
-    auto creds = DefaultAwsCredentials(clock);
-    if (!creds.ok()) {
-      out.error = creds.status().message();
+    if (!aws_) {
+      auto made = DefaultAwsCredentials(TheClock());
+      aws_ = made.ok() ? StatusOr<std::shared_ptr<AwsCredentialProvider>>(
+                             std::shared_ptr<AwsCredentialProvider>(std::move(*made)))
+                       : StatusOr<std::shared_ptr<AwsCredentialProvider>>(made.status());
+    }
+    if (!aws_->ok()) {
+      out.error = aws_->status().message();
       return out;
     }
-    client = MakeAsgClient("", *group, Ec2InstanceRef{"", region}, std::move(*creds), sleeper, clock);
+    client = MakeAsgClient("", *group, Ec2InstanceRef{"", region}, std::make_unique<SharedAws>(**aws_, aws_failed_), sleeper, TheClock());
   }
   auto state = client->State(ctx);
   if (state.ok()) {

@@ -6,6 +6,7 @@
 // of 0 so that a finished instance can lower the desired capacity when it
 // leaves. spotvisor's keys travel in the user data's [spotvisor] section.
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,7 @@
 #include "retry/sleeper.h"
 #include "storage/aws_credentials.h"
 #include "storage/crc32c.h"
+#include "storage/s3_xml.h"
 #include "storage/sigv4.h"
 
 namespace spotvisor {
@@ -306,14 +308,33 @@ int LaunchEc2(const LaunchOptions& o) {
   }
   std::fprintf(stderr, "spotvisor launch: creating %s ...\n", group.what.c_str());
   s = asg.Call(group.action, Encode(group.params), "create " + group.what, group.scope, ctx());
-  if (s.code() == StatusCode::kFailedPrecondition) {
-    // AlreadyExists: made by this launch's first try (its answer lost), or another's.
+  // Whether the group exists now, and is this launch's: a create that was
+  // tried again after a lost answer finds it (AlreadyExists), and one that
+  // ran out of tries may have made it all the same. nullopt: cannot tell.
+  auto ours = [&]() -> std::optional<bool> {
     std::string xml;
     auto d = asg.Call("DescribeAutoScalingGroups", "AutoScalingGroupNames.member.1=" + AwsUriEncode(o.run_id, false),
                       "describe " + group.what, "groups in " + o.region, ctx(), &xml);
-    if (d.ok() && xml.find(token) != std::string::npos) {
+    if (!d.ok()) return std::nullopt;
+    if (!XmlText(xml, "AutoScalingGroupName")) return false;  // no such group
+    return xml.find(token) != std::string::npos;
+  };
+  bool taken = s.code() == StatusCode::kFailedPrecondition;
+  if (taken || s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded) {
+    auto mine = ours();
+    if (!mine) {
+      // Neither made for sure nor missing for sure: the template stays, as
+      // a group may use it.
+      return Failed(fmt::format(
+          "{}; whether this launch made the group cannot be told now (describing it failed too). The launch template "
+          "{} stays. Look: aws autoscaling describe-auto-scaling-groups --region {} --auto-scaling-group-names {}; if "
+          "there is no group of this launch, delete the template: aws ec2 delete-launch-template --region {} "
+          "--launch-template-name {}",
+          s.message(), o.run_id, o.region, o.run_id, o.region, o.run_id));
+    }
+    if (*mine) {
       s = OkStatus();
-    } else {
+    } else if (taken) {
       s = FailedPreconditionError(fmt::format(
           "{}: the name is taken: an earlier launch of this run? pick another --run-id, or delete it first: aws "
           "autoscaling delete-auto-scaling-group --region {} --auto-scaling-group-name {}",

@@ -285,25 +285,26 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
   }
   auto& rows = *collected;
   // Each run's group, asked once; a failure is said once, after the table.
-  std::map<std::string, GroupLookup> groups;
+  GroupStates states(o);
+  std::map<std::string, const GroupLookup*> groups;  // by run id
   std::vector<std::string> group_errors;
   if (o.group_state) {
     for (auto const& r : rows) {
       auto h = Summarize(r.boots);
-      if (h.group.empty() || groups.count(h.group)) continue;
-      auto g = LookUpGroup(h.group, h.group_zone, o);
+      if (h.group.empty()) continue;
+      auto const& g = states.Get(h.group, h.group_zone);
       if (!g.error.empty() && std::find(group_errors.begin(), group_errors.end(), g.error) == group_errors.end()) {
         group_errors.push_back(g.error);
       }
-      groups[h.group] = std::move(g);
+      groups[r.run_id] = &g;
     }
   }
-  auto group_json = [&](const std::string& group) -> Json {
-    auto it = groups.find(group);
+  auto group_json = [&](const std::string& run_id) -> Json {
+    auto it = groups.find(run_id);
     if (it == groups.end()) return nullptr;
-    if (!it->second.state) return {{"error", it->second.error}};
-    if (it->second.state->gone) return {{"gone", true}};
-    return {{"target_size", it->second.state->target}, {"instances", it->second.state->instances}};
+    if (!it->second->state) return {{"error", it->second->error}};
+    if (it->second->state->gone) return {{"gone", true}};
+    return {{"target_size", it->second->state->target}, {"instances", it->second->state->instances}};
   };
   auto say_group_errors = [&] {
     for (auto const& e : group_errors) std::fprintf(stderr, "spotvisor runs: GROUP_NOW ?: %s\n", Shown(e).c_str());
@@ -336,7 +337,7 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
       j["boot_summary"] = {{"boots", r.boots.boots.size()}, {"preempted", h.preempted}, {"failed", h.failed},
                            {"not_ended", h.open}, {"vm_seconds", h.vm_seconds}, {"lost_bytes", h.lost_bytes},
                            {"group", h.group.empty() ? Json(nullptr) : Json(h.group)},
-                           {"group_state", group_json(h.group)}};
+                           {"group_state", group_json(r.run_id)}};
       out.push_back(std::move(j));
     }
     std::puts(out.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
@@ -364,7 +365,7 @@ int ListRuns(const std::string& url, const RemoteOptions& o, bool json) {
                      any ? std::to_string(r.boots.boots.size()) : "-", any ? std::to_string(h.preempted) : "-",
                      any ? fmt::format("{:.2f}", h.vm_seconds / 3600.0) : "-",
                      any && h.preempted > 0 ? FormatBytes(h.lost_bytes) : "-", h.group.empty() ? "-" : Shown(GroupName(h.group)),
-                     groups.count(h.group) ? FormatGroupState(groups[h.group]) : "-"});
+                     groups.count(r.run_id) ? FormatGroupState(*groups[r.run_id]) : "-"});
   }
   std::vector<std::size_t> width(table[0].size(), 0);
   for (auto const& row : table) {

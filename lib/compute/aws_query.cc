@@ -25,6 +25,7 @@ Status AwsQueryClient::Call(const char* action, const std::string& params, const
   last_code_.clear();
   return RetryLoop(retry, backoff, idempotent ? Idempotency::kIdempotent : Idempotency::kNonIdempotent, sleeper,
                    [&]() -> Status {
+    last_code_.clear();  // the code of this attempt, not of one before it
     if (auto s = ctx.Check(what); !s.ok()) return s;
     auto creds = creds_->Get(ctx);
     if (!creds.ok()) return Status(creds.status().code(), what + ": " + creds.status().message());
@@ -59,6 +60,9 @@ Status AwsQueryClient::Call(const char* action, const std::string& params, const
       return PermissionDeniedError(
           fmt::format("{}: {} refused the credentials from the {} ({})", what, api_.title, creds_->Source(), server));
     }
+    // By the code's family (InvalidInstanceID.NotFound,
+    // InvalidLaunchTemplateName.NotFoundException, ...): a caller that must
+    // tell one missing thing from another looks at last_code().
     if (code.find("NotFound") != std::string::npos) return NotFoundError(fmt::format("{}: {}", what, server));
     if (code.find("AlreadyExists") != std::string::npos) {
       return FailedPreconditionError(fmt::format("{}: {}", what, server));

@@ -160,8 +160,9 @@ class MigClient final : public ComputeClientImpl, public GroupClient {
     return state;
   }
 
-  Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) override {
+  Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted, std::string* skipped) override {
     auto group = Call("GET", fmt::format("{}/{}", endpoint_, GroupPath()), "", "read", "compute.instanceGroupManagers.get", ctx);
+    if (!group.ok() && skipped) *skipped = group.status().message();
     if (!group.ok() || JsonInt(*group, "targetSize", -1) != 1) return Leave(ctx);  // others stay
     std::string tpl = JsonString(*group, "instanceTemplate");
     if (auto at = tpl.find("projects/"); at != std::string::npos) tpl = tpl.substr(at);

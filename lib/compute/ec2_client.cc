@@ -1,5 +1,8 @@
 #include "compute/ec2_client.h"
 
+#include <map>
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "common/strings.h"
@@ -67,6 +70,24 @@ class SharedCredentials final : public AwsCredentialProvider {
 // Leaving an Auto Scaling group: TerminateInstanceInAutoScalingGroup with
 // ShouldDecrementDesiredCapacity, so that the group launches nothing in its
 // place. The answer is synchronous (an Activity, or a ValidationError).
+// The instances of a DescribeAutoScalingGroups answer (one group): id ->
+// LifecycleState.
+std::map<std::string, std::string> Members(const std::string& xml) {
+  std::map<std::string, std::string> out;
+  auto list = xml.find("<Instances>");
+  auto end = xml.find("</Instances>", list == std::string::npos ? 0 : list);
+  if (list == std::string::npos || end == std::string::npos) return out;
+  std::string_view instances(xml.data() + list, end - list);
+  for (auto at = instances.find("<member>"); at != std::string_view::npos; at = instances.find("<member>", at + 1)) {
+    auto stop = instances.find("</member>", at);
+    if (stop == std::string_view::npos) break;
+    auto member = instances.substr(at, stop - at);
+    auto id = XmlText(member, "InstanceId");
+    if (id && !id->empty()) out[*id] = XmlText(member, "LifecycleState").value_or("");
+  }
+  return out;
+}
+
 class AsgClient final : public QueryClient, public GroupClient {
  public:
   AsgClient(std::string endpoint, std::string ec2_endpoint, InstanceGroup g, Ec2InstanceRef i,
@@ -76,45 +97,72 @@ class AsgClient final : public QueryClient, public GroupClient {
         g_(std::move(g)), sleeper_(sleeper),
         ec2_(kEc2QueryApi, std::move(ec2_endpoint), i.region, std::make_unique<SharedCredentials>(creds), sleeper, clock) {}
 
-  // group-delete-when-empty: the last instance (desired capacity 1) takes
-  // itself out of the group without being terminated (DetachInstances,
-  // decrementing), deletes the empty group, the launch template if
-  // `spotvisor launch` made it for this group (the group's spotvisor-launch
-  // tag), and last terminates itself. Others left, or no way to tell: Leave().
-  Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) override {
-    std::string xml;
+  // group-delete-when-empty: the last instance (desired capacity 1, no
+  // other member that is not on its way out) takes itself out of the group
+  // without being terminated (DetachInstances, decrementing), deletes the
+  // empty group, the launch template if `spotvisor launch` made it for this
+  // group (the group's spotvisor-launch tag), and last terminates itself.
+  // Others left, or no way to tell: Leave().
+  Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted, std::string* skipped) override {
     auto group = AwsUriEncode(g_.name, false);
     auto scope = fmt::format("the group {}", g_.name);
-    auto d = Call("DescribeAutoScalingGroups", "AutoScalingGroupNames.member.1=" + group,
+    std::string xml;
+    auto read = [&]() {
+      xml.clear();
+      return Call("DescribeAutoScalingGroups", "AutoScalingGroupNames.member.1=" + group,
                   fmt::format("describe {}", g_.Describe()), scope, ctx, &xml);
+    };
+    if (auto d = read(); !d.ok()) {
+      if (skipped) *skipped = d.message();
+      return Leave(ctx);
+    }
     auto desired = ParseUint64(XmlText(xml, "DesiredCapacity").value_or(""));
-    std::size_t members = 0;
-    for (auto at = xml.find("<InstanceId>"); at != std::string::npos; at = xml.find("<InstanceId>", at + 1)) ++members;
-    if (!d.ok() || !desired || *desired != 1 || members > 1) return Leave(ctx);  // others stay
+    auto members = Members(xml);
+    std::size_t others = 0;
+    for (auto const& [id, state] : members) {
+      // A gang's peers that left before this one stay listed a while.
+      bool leaving = StartsWith(state, "Terminating") || StartsWith(state, "Detach");
+      others += id != i_.instance_id && !leaving;
+    }
+    if (!desired || *desired != 1 || others > 0) return Leave(ctx);  // others stay
     std::string tpl;
     if (xml.find("<Key>spotvisor-launch</Key>") != std::string::npos) tpl = XmlText(xml, "LaunchTemplateName").value_or("");
     auto s = Call("DetachInstances",
                   fmt::format("AutoScalingGroupName={}&InstanceIds.member.1={}&ShouldDecrementDesiredCapacity=true", group,
                               AwsUriEncode(i_.instance_id, false)),
                   fmt::format("take this instance ({}) out of {}", i_.instance_id, g_.Describe()), scope, ctx);
-    if (!s.ok()) return Leave(ctx);  // a plain leave still ends the billing
-    // A detach settles for a moment: ResourceInUse until it has.
+    if (!s.ok()) {
+      // A retry after a lost answer finds the instance gone from the group:
+      // the detach took effect. Anything else: the plain leave still ends
+      // the billing.
+      bool detached = read().ok() && Members(xml).count(i_.instance_id) == 0 && XmlText(xml, "AutoScalingGroupName");
+      if (!detached) {
+        if (skipped) *skipped = s.message();
+        return Leave(ctx);
+      }
+    }
+    // A detach settles for a while: ResourceInUse until it has, as long as
+    // the on-exit budget lasts.
     Status gone;
-    for (int attempt = 0; attempt < 10; ++attempt) {
+    for (int attempt = 0; attempt < 60; ++attempt) {
       gone = Call("DeleteAutoScalingGroup", "AutoScalingGroupName=" + group, fmt::format("delete {}", g_.Describe()),
                   scope, ctx);
       auto code = query_.last_code();
+      // Not found: deleted by an earlier try whose answer was lost, or by someone else; gone either way.
+      if (!gone.ok() && code == "ValidationError" && gone.message().find("not found") != std::string::npos) gone = OkStatus();
       if (gone.ok() || (code != "ResourceInUse" && code != "ScalingActivityInProgress")) break;
       ContextSleeper wait(ctx, &sleeper_);
-      if (!wait.SleepFor(std::chrono::seconds(2))) break;
+      if (!wait.SleepFor(std::chrono::seconds(3))) break;
     }
     if (gone.ok() && deleted) deleted->push_back(g_.Describe());
+    if (!gone.ok() && skipped) *skipped = gone.message();
     if (gone.ok() && !tpl.empty() && tpl.size() <= 128) {
       auto t = ec2_.Call("DeleteLaunchTemplate", "LaunchTemplateName=" + AwsUriEncode(tpl, false),
                          "delete the launch template " + output::EscapeInvalidUtf8(tpl), "launch templates", ctx);
       if ((t.ok() || t.code() == StatusCode::kNotFound) && deleted) {
         deleted->push_back("launch template " + output::EscapeInvalidUtf8(tpl));
       }
+      if (!t.ok() && t.code() != StatusCode::kNotFound && skipped) *skipped = t.message();
     }
     // No group brings it back now: this instance goes by itself.
     auto t = ec2_.Call("TerminateInstances", "InstanceId.1=" + AwsUriEncode(i_.instance_id, false),
@@ -177,7 +225,7 @@ class AsgClient final : public QueryClient, public GroupClient {
     auto desired = ParseUint64(XmlText(xml, "DesiredCapacity").value_or(""));
     if (!desired || *desired > 100000) return InvalidArgumentError(fmt::format("describe {}: no DesiredCapacity in the answer", g_.Describe()));
     state.target = static_cast<int>(*desired);
-    for (auto at = xml.find("<InstanceId>"); at != std::string::npos; at = xml.find("<InstanceId>", at + 1)) ++state.instances;
+    state.instances = static_cast<int>(Members(xml).size());
     return state;
   }
 

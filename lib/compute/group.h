@@ -67,13 +67,15 @@ class GroupClient {
   virtual Status Leave(const CallContext& ctx) = 0;
   // "instanceGroupManagers.deleteInstances" etc., for messages.
   virtual std::string LeaveCall() const = 0;
-  // group-delete-when-empty: when this VM is the group's last (target size
-  // 1), it is taken out of the group without being deleted (abandonInstances),
-  // the now empty group and then its instance template are deleted, and
-  // last this VM itself; `deleted` names what went. Otherwise (others stay, or
-  // no way to tell) Leave(). GCE only; elsewhere Leave().
-  virtual Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted) {
+  // group-delete-when-empty: when this VM is the group's last, it is taken
+  // out of the group without being deleted (GCE abandonInstances, EC2
+  // DetachInstances), the now empty group and then its template are
+  // deleted, and last this VM itself; `deleted` names what went. Otherwise
+  // (others stay, or no way to tell) Leave(), and `skipped` says why when
+  // that was not the plain "others stay".
+  virtual Status LeaveAndCleanUp(const CallContext& ctx, std::vector<std::string>* deleted, std::string* skipped) {
     (void)deleted;
+    (void)skipped;
     return Leave(ctx);
   }
   // EC2: the group is terminating this instance and a lifecycle hook

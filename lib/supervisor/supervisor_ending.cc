@@ -231,9 +231,18 @@ void Supervisor::LeaveGroup(bool retry) {
   bool clean_up = !retry && options_.config.group_delete_when_empty;
   pool_.Post([this, retry, ctx, client, clean_up] {
     std::vector<std::string> deleted;
+    std::string skipped;
     Status s = retry      ? options_.make_compute(compute_sleeper_)->DeleteInstance(ctx)
-               : clean_up ? client->LeaveAndCleanUp(ctx, &deleted)
+               : clean_up ? client->LeaveAndCleanUp(ctx, &deleted, &skipped)
                           : client->Leave(ctx);
+    if (!skipped.empty()) {
+      asio::post(io_, [this, skipped] {
+        logger_.Warn("group.cleanup_skipped",
+                     fmt::format("group-delete-when-empty: the group is not deleted ({}); what is left stays",
+                                 skipped),
+                     {{"error", skipped}});
+      });
+    }
     if (!deleted.empty()) {
       asio::post(io_, [this, deleted] {
         logger_.Info("group.deleted",

@@ -565,6 +565,38 @@ class AutoScalingGroupTest(SpotvisorTestCase):
         self.assertIn(("TerminateInstances", [self.INSTANCE]), self.ec2.calls())
         self.assertFalse(os.path.exists(self.path("off")))
 
+    def test_group_delete_when_empty_copes_with_a_lost_answer_and_a_peer_still_terminating(self):
+        self.solo_group("solo", launched_by_spotvisor=True)
+        # A gang's peer that left first, still listed as terminating (as AWS keeps it a while).
+        self.asg.termination_seconds = None
+        self.asg.add_instance("solo", "i-0peer", "eu-west-1b")
+        self.asg.begin_termination("i-0peer")  # its leave already lowered the capacity to this one
+        self.asg.lose_answer("DetachInstances")
+        self.asg.reset_log()
+        import threading  # the peer is gone a while after this instance detached (ResourceInUse until then)
+        threading.Thread(target=lambda: self.asg.wait_for(lambda: self.INSTANCE in self.asg.detached(), 30) and
+                         self.asg.finish_termination("i-0peer"), daemon=True).start()
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true", "on-exit-timeout": "40s"})
+        self.assertEqual(code, 0, "".join(p.raw[-20:]))
+        gone = p.wait_event("group.deleted")["deleted"]
+        self.assertEqual(gone[0], "Auto Scaling group solo (eu-west-1)")
+        actions = [a for a, _ in self.asg.calls()]
+        self.assertEqual(actions[:4], ["DescribeAutoScalingGroups", "DetachInstances", "DetachInstances",
+                                       "DescribeAutoScalingGroups"], actions)
+        self.assertIn("DeleteAutoScalingGroup", actions)
+        self.assertNotIn("TerminateInstanceInAutoScalingGroup", actions)
+        self.assertEqual(p.find("group.cleanup_skipped"), [])
+
+    def test_group_delete_when_empty_that_cannot_read_the_group_says_so_and_leaves(self):
+        self.solo_group("solo", launched_by_spotvisor=True)
+        self.asg.deny("DescribeAutoScalingGroups")
+        p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true"})
+        skipped = p.wait_event("group.cleanup_skipped")
+        self.assertIn("autoscaling:DescribeAutoScalingGroups", skipped["error"])
+        p.wait_event("shutdown.api_done")
+        self.assertEqual(self.asg.desired("solo"), 0, "left the plain way")
+        self.assertIsNotNone(self.asg.group("solo"))
+
     def test_group_delete_when_empty_leaves_a_group_with_others_and_keeps_a_template_it_did_not_make(self):
         # "trainers" holds another instance too: a plain leave.
         p, code = self.boot(["--run-for", "10"], **{"group-delete-when-empty": "true"})

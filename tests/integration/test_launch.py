@@ -278,6 +278,16 @@ class Ec2LaunchTest(unittest.TestCase):
         self.assertIn("the name is taken", again.stderr)
         self.assertEqual(self.asg.group("resnet-2")["desired"], 1)
 
+    def test_a_group_created_by_a_try_whose_answer_was_lost_is_this_launchs(self):
+        self.asg.lose_answer("CreateAutoScalingGroup")  # made, and the answer never arrives
+        out = self.launch()
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual([a for a, _ in self.asg.calls()],
+                         ["CreateAutoScalingGroup", "CreateAutoScalingGroup", "DescribeAutoScalingGroups"])
+        self.assertIsNotNone(self.ec2.launch_template("resnet-2"), "the group's template stays")
+        self.assertEqual(self.asg.group("resnet-2")["desired"], 1)
+        self.assertIn("launched run resnet-2", out.stdout)
+
     def test_a_gang_of_three_price_capacity_optimized_without_a_hook(self):
         out = self.launch("--size", "3", "--allocation-strategy", "price-capacity-optimized",
                           "--terminating-hook-timeout", "0", run_id="gang-1")
