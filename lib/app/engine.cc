@@ -239,24 +239,9 @@ int EndWithConfigError(const ConfigResult& r, Mode mode, Logger& logger, GroupCl
                       {{"reason", "config-error"}, {"exit_code", kExitConfigError}}});
   logger.Flush(std::chrono::seconds(10));
   if (OnExitValue(r, mode) != "poweroff") return kExitConfigError;
-  if (leave && group) {
-    logger.Log(LogEvent{Severity::kNotice, "shutdown.start",
-                        fmt::format("leaving {}: {} on this VM, so that the group does not bring it back with the same "
-                                    "configuration",
-                                    group->Describe(), leave->LeaveCall()),
-                        {{"action", "leave"}, {"group", group->Path()}, {"group_kind", group->KindName()}}});
-    CallContext ctx;
-    SystemClock clock;
-    ctx.clock = &clock;
-    ctx.deadline = clock.Now() + std::chrono::seconds(30);
-    auto s = leave->Leave(ctx);
-    if (s.ok()) {
-      logger.Info("shutdown.api_done", fmt::format("{} accepted: this VM is leaving it", group->Describe()));
-      logger.Flush(std::chrono::seconds(5));
-      return kExitConfigError;
-    }
-    logger.Error("shutdown.api_failed", fmt::format("leaving the group failed: {}; powering off instead", s.message()),
-                 {{"error", s.message()}, {"group", group->Path()}});
+  if (leave && group && LeaveAfterConfigError(*leave, *group, logger)) {
+    logger.Flush(std::chrono::seconds(5));
+    return kExitConfigError;
   }
   std::string cmd = r.values.count("shutdown-command") ? r.values.at("shutdown-command").value : "";
   if (cmd.empty()) cmd = FindKey("shutdown-command")->default_value;
@@ -818,13 +803,7 @@ int RunEngine(const EngineOptions& options) {
     group = g->group;
     if (!g->note.empty()) logger.Warn("cloud.group_unknown", g->note);
   }
-  if (group) {
-    logger.Info("cloud.group",
-                fmt::format("in {} (from {}): a preemption is left to the group, which brings the VM back; the run's "
-                            "end leaves the group",
-                            group->Describe(), group->source),
-                {{"group", group->Path()}, {"group_kind", group->KindName()}, {"source", group->source}});
-  }
+  if (group) AnnounceGroup(*group, logger);
   if (!result.config) {
     if (group && cloud) {
       std::string endpoint(Trim(result.values.at("compute-endpoint").value));
@@ -904,15 +883,7 @@ int RunEngine(const EngineOptions& options) {
   if (HasMounts(config)) {
     MountOptions mo;
     mo.dataset_disk = config.dataset_disk;
-    if (group && group->kind == InstanceGroup::Kind::kRegionalMig) {
-      // Issue #30 point 7: the dataset must reach whichever zone the group chose.
-      mo.missing_disk_hint = fmt::format(
-          "This VM is in {}, which may create it in any zone of {} (this one: {}), and a zonal persistent disk exists "
-          "in one zone only: give the dataset as a regional persistent disk (attached read-only in both its zones, and "
-          "the group limited to them with --zones), as a disk made for each VM from a snapshot (spotvisor launch "
-          "--dataset-snapshot), through the bucket mount (bucket-mount), or baked into the image",
-          group->Describe(), group->location, metadata.zone);
-    }
+    if (group) mo.missing_disk_hint = RegionalDatasetHint(*group, metadata.zone);
     mo.dataset_dir = config.dataset_dir;
     mo.dataset_options = config.dataset_mount_options;
     mo.scratch_disk = config.scratch_disk;

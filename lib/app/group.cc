@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "common/clock.h"
 #include "common/strings.h"
 #include "output/utf8.h"
 
@@ -59,6 +60,45 @@ StatusOr<GroupResolution> ResolveGroup(std::string_view key, const MetadataSnaps
         output::EscapeInvalidUtf8(std::string(v.substr(0, 200)))));
   }
   return out;
+}
+
+void AnnounceGroup(const InstanceGroup& group, Logger& logger) {
+  logger.Info("cloud.group",
+              fmt::format("in {} (from {}): a preemption is left to the group, which brings the VM back; the run's end "
+                          "leaves the group",
+                          group.Describe(), group.source),
+              {{"group", group.Path()}, {"group_kind", group.KindName()}, {"source", group.source}});
+}
+
+std::string RegionalDatasetHint(const InstanceGroup& group, const std::string& zone) {
+  if (group.kind != InstanceGroup::Kind::kRegionalMig) return "";
+  // Issue #30 point 7: the dataset must reach whichever zone the group chose.
+  return fmt::format(
+      "This VM is in {}, which may create it in any zone of {} (this one: {}), and a zonal persistent disk exists in "
+      "one zone only: give the dataset as a regional persistent disk (attached read-only in both its zones, and the "
+      "group limited to them with --zones), as a disk made for each VM from a snapshot (spotvisor launch "
+      "--dataset-snapshot), through the bucket mount (bucket-mount), or baked into the image",
+      group.Describe(), group.location, zone);
+}
+
+bool LeaveAfterConfigError(GroupClient& client, const InstanceGroup& group, Logger& logger) {
+  logger.Log(LogEvent{Severity::kNotice, "shutdown.start",
+                      fmt::format("leaving {}: {} on this VM, so that the group does not bring it back with the same "
+                                  "configuration",
+                                  group.Describe(), client.LeaveCall()),
+                      {{"action", "leave"}, {"group", group.Path()}, {"group_kind", group.KindName()}}});
+  SystemClock clock;
+  CallContext ctx;
+  ctx.clock = &clock;
+  ctx.deadline = clock.Now() + std::chrono::seconds(30);
+  auto s = client.Leave(ctx);
+  if (s.ok()) {
+    logger.Info("shutdown.api_done", fmt::format("{} accepted: this VM is leaving it", group.Describe()));
+    return true;
+  }
+  logger.Error("shutdown.api_failed", fmt::format("leaving the group failed: {}; powering off instead", s.message()),
+               {{"error", s.message()}, {"group", group.Path()}});
+  return false;
 }
 
 }  // namespace spotvisor
